@@ -1,0 +1,221 @@
+"""commbench's command line: one subcommand per verb. Bad input is one line on
+stderr and exit status 2; wrong results exit 1; a run that fails exits 3."""
+import argparse
+import datetime
+import json
+import os
+import sys
+
+EXIT_OK, EXIT_WRONG, EXIT_USAGE, EXIT_FAILED = 0, 1, 2, 3
+
+
+class UsageError(Exception):
+    pass
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(f"{self.prog}: error: {message}")
+
+
+def _run_args(p):
+    g = p.add_argument_group("sizes (nccl-tests flags; K/M/G suffixes are powers of 2)")
+    g.add_argument("-b", "--minbytes", default="8", help="smallest message size (default 8)")
+    g.add_argument("-e", "--maxbytes", default="32M", help="largest message size (default 32M)")
+    g.add_argument("-f", "--stepfactor", type=float, default=None,
+                   help="multiply the size by this between steps (default 2 unless -i is given)")
+    g.add_argument("-i", "--stepbytes", default=None, help="add this many bytes between steps instead")
+    g = p.add_argument_group("what to run")
+    g.add_argument("--collective", default="all",
+                   help="all_reduce, all_gather, reduce_scatter, broadcast, reduce, all_to_all, "
+                        "send_recv, send_recv_bidir, barrier; comma-separated, or all (default)")
+    g.add_argument("-d", "--dtype", default="float32", help="element type(s), comma-separated, or all")
+    g.add_argument("-o", "--op", default="sum", help="reduction op(s): sum, prod, max, min, avg, or all")
+    g.add_argument("--in-place", default="no", choices=["no", "yes", "both"],
+                   help="out-of-place (default), in-place, or both")
+    g.add_argument("--backend", default="torch", help="torch (default), mpi or cupy")
+    g.add_argument("--dist-backend", default=None, help="torch process group: gloo, nccl or mpi "
+                                                         "(default: nccl on cuda, gloo on cpu)")
+    g.add_argument("--device", default="auto", help="cpu, cuda, or auto (cuda when a GPU is visible)")
+    g.add_argument("--groups", default="world",
+                   help="group layouts, comma-separated: world, intra, inter, 'MOD k', 'DIV k'")
+    g = p.add_argument_group("timing")
+    g.add_argument("-n", "--iters", type=int, default=20, help="minimum timed iterations per size (default 20)")
+    g.add_argument("-w", "--warmup", type=int, default=5, help="untimed warmup iterations (default 5)")
+    g.add_argument("-c", "--check", type=int, default=1,
+                   help="correctness-checked iterations before timing (default 1; 0 = no check)")
+    g.add_argument("--target-ci", type=float, default=0.01,
+                   help="stop when the 95%% CI of the median is within this fraction (default 0.01; 0 = exactly -n)")
+    g.add_argument("--max-iters", type=int, default=10000, help="iteration cap per size (default 10000)")
+    g.add_argument("--time-budget", type=float, default=1.0,
+                   help="seconds per size to reach the target CI (default 1)")
+    g.add_argument("--timeout", type=float, default=300.0, help="rendezvous/collective timeout in seconds")
+    g = p.add_argument_group("launch and output")
+    g.add_argument("--nprocs", type=int, default=None,
+                   help="without a launcher, spawn this many local ranks (default: 2 on cpu, one per GPU)")
+    g.add_argument("--out", default=None, help="results file (default results/run-TIMESTAMP.jsonl)")
+    g.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+    g.add_argument("--keep-rank-samples", action="store_true", help="store every rank's raw samples too")
+    fmt = g.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="print the results as one JSON document on stdout")
+    fmt.add_argument("--csv", action="store_true", help="print the results as CSV on stdout")
+    g.add_argument("-q", "--quiet", action="store_true", help="no progress bar or tables")
+
+
+def build_parser() -> Parser:
+    p = Parser(prog="commbench", description="Collective-communication microbenchmarks for distributed training")
+    sub = p.add_subparsers(dest="verb", parser_class=Parser, metavar="VERB")
+    sub.required = True
+    r = sub.add_parser("run", help="sweep collectives over sizes, dtypes and group layouts")
+    _run_args(r)
+    s = sub.add_parser("show", help="print a saved results file as the live tables")
+    s.add_argument("file")
+    fmt = s.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true")
+    fmt.add_argument("--csv", action="store_true")
+    e = sub.add_parser("env", help="print what a run records about the machine")
+    e.add_argument("--json", action="store_true")
+    return p
+
+
+def _device(name: str, backend: str) -> str:
+    if name in ("cpu", "cuda"):
+        if name == "cuda":
+            import torch
+            if not torch.cuda.is_available():
+                raise ValueError("--device cuda: no CUDA device is visible")
+        return name
+    if name != "auto":
+        raise ValueError(f"unknown device {name!r}: choose cpu, cuda or auto")
+    if backend == "cupy":
+        return "cuda"
+    import torch
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _config(a):
+    from commbench.config import RunConfig
+    from commbench.sizes import parse_size
+    from commbench.timing import TimingSettings
+    stepbytes = parse_size(a.stepbytes) if a.stepbytes is not None else None
+    stepfactor = a.stepfactor if a.stepfactor is not None else (None if stepbytes else 2.0)
+    return RunConfig(
+        minbytes=parse_size(a.minbytes), maxbytes=parse_size(a.maxbytes), stepfactor=stepfactor,
+        stepbytes=stepbytes, collectives=a.collective, dtypes=a.dtype, redops=a.op, backend=a.backend,
+        dist_backend=a.dist_backend, device=_device(a.device, a.backend), layouts=a.groups,
+        in_place=a.in_place, check_iters=a.check, timeout_s=a.timeout, keep_rank_samples=a.keep_rank_samples,
+        timing=TimingSettings(warmup=a.warmup, iters=a.iters, max_iters=a.max_iters,
+                              time_budget_s=a.time_budget, target_ci=a.target_ci))
+
+
+def _default_out() -> str:
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return os.path.join("results", f"run-{stamp}-{os.getpid()}.jsonl")
+
+
+def cmd_run(a, argv) -> int:
+    from commbench import launch as launch_mod
+    from commbench.backends import NEEDS_MPIEXEC
+    config = _config(a)
+    info = launch_mod.detect()
+    if info.launcher == "none":
+        # no launcher: commbench starts the ranks itself
+        nprocs = a.nprocs
+        if nprocs is None:
+            nprocs = 2
+            if config.device == "cuda":
+                import torch
+                nprocs = torch.cuda.device_count()
+        if nprocs < 1:
+            raise ValueError(f"--nprocs must be at least 1, got {nprocs}")
+        out = a.out or _default_out()
+        if os.path.exists(out) and not a.force:
+            raise ValueError(f"{out} exists: commbench never overwrites results (use --force or another --out)")
+        child = [x for x in argv if x != "--force"] if a.out is None else list(argv)
+        if a.out is None:
+            child += ["--out", out]
+        if a.force:
+            child.append("--force")
+        return launch_mod.spawn_local(nprocs, child, use_mpiexec=config.backend in NEEDS_MPIEXEC)
+    if a.nprocs is not None and a.nprocs != info.world_size:
+        raise ValueError(f"--nprocs {a.nprocs} but the launcher started {info.world_size} ranks")
+    from commbench import console, sweep
+    reporter = console.Reporter(quiet=a.quiet, to_stderr=a.json or a.csv) if info.rank == 0 else None
+    result, wrong = sweep.run(config, info, ["commbench", *argv], a.out or _default_out(), a.force, reporter)
+    if result is not None:
+        if a.json:
+            print(json.dumps(result.to_json()))
+        elif a.csv:
+            result.to_dataframe().to_csv(sys.stdout, index=False)
+        if wrong:
+            print(f"commbench: {wrong} wrong result element(s); see #wrong in {result.path}", file=sys.stderr)
+        elif not a.quiet and not (a.json or a.csv):
+            print(f"results: {result.path}")
+    return EXIT_WRONG if wrong else EXIT_OK
+
+
+def cmd_show(a) -> int:
+    from commbench import console, results
+    rf = results.load(a.file)
+    if a.json:
+        print(json.dumps(rf.to_json()))
+    elif a.csv:
+        rf.to_dataframe().to_csv(sys.stdout, index=False)
+    else:
+        from rich.console import Console
+        con = Console(width=200)
+        h = rf.header
+        con.print(f"run {h.get('run_id')}  {h.get('created_at')}  {h.get('cluster', {}).get('num_ranks')} ranks on "
+                  f"{h.get('cluster', {}).get('num_hosts')} host(s)  commbench {h.get('commbench_version')}")
+        console.print_tables(rf.measurements, con)
+    return EXIT_OK
+
+
+def cmd_env(a) -> int:
+    from commbench import env, launch as launch_mod
+    info = launch_mod.detect()
+    ranks = [env.rank_info(info, "cpu")]
+    doc = {"launcher": info.launcher, "rank": info.rank, "world_size": info.world_size,
+           "local_rank": info.local_rank, "local_world_size": info.local_world_size,
+           "cluster": env.cluster(ranks), "versions": env.versions(), "env": env.allowed_env()}
+    if a.json:
+        print(json.dumps(doc))
+        return EXIT_OK
+    from rich.console import Console
+    from rich.table import Table
+    t = Table(title="commbench env", show_header=False)
+    for k in ("launcher", "rank", "world_size", "local_rank", "local_world_size"):
+        t.add_row(k, str(doc[k]))
+    c = doc["cluster"]
+    t.add_row("host", ", ".join(c["hosts"]))
+    t.add_row("cpu", f"{c['cpu_model']} ({c['cpu_count']} cores)")
+    for gpu in c["gpus"] or [{"name": "none visible (NVML absent or no GPU)"}]:
+        t.add_row("gpu", json.dumps(gpu) if "index" in gpu else gpu["name"])
+    for k, v in doc["versions"].items():
+        t.add_row(k, str(v))
+    for k, v in doc["env"].items():
+        t.add_row(k, v)
+    Console(width=200).print(t)
+    return EXIT_OK
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        a = build_parser().parse_args(argv)
+        if a.verb == "run":
+            return cmd_run(a, list(argv))
+        if a.verb == "show":
+            return cmd_show(a)
+        return cmd_env(a)
+    except (UsageError, ValueError) as e:
+        print(f"commbench: error: {e}" if not str(e).startswith("commbench") else str(e), file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("commbench: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:   # a failed run: one line; the traceback with COMMBENCH_DEBUG=1
+        if os.environ.get("COMMBENCH_DEBUG"):
+            raise
+        print(f"commbench: failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", file=sys.stderr)
+        return EXIT_FAILED

@@ -1,0 +1,76 @@
+"""The configuration of `commbench run`, validated on construction: a bad value
+is a ValueError naming the value and the rule."""
+from dataclasses import dataclass, field
+
+from commbench import collectives as coll_mod
+from commbench import groups as groups_mod
+from commbench.backends import BACKENDS
+from commbench.dtypes import parse_dtypes, parse_redops
+from commbench.sizes import sweep
+from commbench.timing import TimingSettings
+
+IN_PLACE_MODES = {"no": (False,), "yes": (True,), "both": (False, True)}
+
+
+@dataclass
+class RunConfig:
+    minbytes: int = 8
+    maxbytes: int = 32 << 20
+    stepfactor: float | None = 2.0
+    stepbytes: int | None = None
+    collectives: str = "all"
+    dtypes: str = "float32"
+    redops: str = "sum"
+    backend: str = "torch"
+    dist_backend: str | None = None
+    device: str = "cpu"
+    layouts: str = "world"
+    in_place: str = "no"
+    check_iters: int = 1
+    timing: TimingSettings = field(default_factory=TimingSettings)
+    timeout_s: float = 300.0
+    keep_rank_samples: bool = False
+
+    def __post_init__(self):
+        if self.backend not in BACKENDS:
+            raise ValueError(f"unknown backend {self.backend!r}: choose from {', '.join(BACKENDS)}")
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"unknown device {self.device!r}: choose cpu or cuda")
+        if self.dist_backend not in (None, "gloo", "nccl", "mpi"):
+            raise ValueError(f"unknown torch process-group backend {self.dist_backend!r}: gloo, nccl or mpi")
+        if self.in_place not in IN_PLACE_MODES:
+            raise ValueError(f"--in-place {self.in_place!r}: choose no, yes or both")
+        t = self.timing
+        if t.iters < 1:
+            raise ValueError(f"-n/--iters must be at least 1, got {t.iters}")
+        if t.warmup < 0:
+            raise ValueError(f"-w/--warmup must be >= 0, got {t.warmup}")
+        if t.max_iters < t.iters:
+            raise ValueError(f"--max-iters ({t.max_iters}) is below -n/--iters ({t.iters})")
+        if not 0 <= t.target_ci < 1:
+            raise ValueError(f"--target-ci must be in [0, 1), got {t.target_ci}")
+        if t.time_budget_s < 0:
+            raise ValueError(f"--time-budget must be >= 0, got {t.time_budget_s}")
+        if self.check_iters < 0:
+            raise ValueError(f"-c/--check must be >= 0, got {self.check_iters}")
+        if self.timeout_s <= 0:
+            raise ValueError(f"--timeout must be positive, got {self.timeout_s}")
+        self.sizes = sweep(self.minbytes, self.maxbytes, self.stepfactor, self.stepbytes)
+        self.collective_list = coll_mod.parse(self.collectives)
+        self.dtype_list = parse_dtypes(self.dtypes)
+        self.redop_list = parse_redops(self.redops)
+        self.layout_list = groups_mod.parse_layouts(self.layouts)
+
+    @property
+    def in_place_list(self):
+        return IN_PLACE_MODES[self.in_place]
+
+    def settings(self) -> dict:
+        """What the results header records of this configuration."""
+        t = self.timing
+        return {"sizes": self.sizes, "collectives": [c.name for c in self.collective_list],
+                "dtypes": self.dtype_list, "redops": self.redop_list, "backend": self.backend,
+                "dist_backend": self.dist_backend, "device": self.device, "layouts": self.layout_list,
+                "in_place": self.in_place, "check_iters": self.check_iters, "warmup": t.warmup,
+                "iters": t.iters, "max_iters": t.max_iters, "time_budget_s": t.time_budget_s,
+                "target_ci": t.target_ci, "timeout_s": self.timeout_s}

@@ -1,0 +1,116 @@
+"""Terminal output (rank 0 only): a progress bar over the sweep and, per
+collective, an nccl-tests-like table. Tables are built from Measurements, so a
+saved file prints exactly as the live run did (`commbench show`)."""
+import sys
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+
+def _block_key(m):
+    c = m.case
+    return (c.axis, c.op, c.backend, c.device, c.dtype, c.params.get("redop"), c.in_place)
+
+
+def _us(x):
+    return "" if x is None else f"{x * 1e6:.2f}"
+
+
+def _gbps(x):
+    return "" if x is None else f"{x:.3f}"
+
+
+def short_notes(m) -> str:
+    """The warnings in a few characters each (the file keeps them in full)."""
+    s, notes = m.stats, []
+    if s["cv"] > 0.10:
+        notes.append("unstable")
+    if s["num_outliers"]:
+        notes.append(f"{s['num_outliers']} outliers")
+    if m.target_ci and (s.get("precision") is None or s["precision"] > m.target_ci):
+        notes.append("CI>target")
+    if m.iters < 10:
+        notes.append("few samples")
+    return ", ".join(notes)
+
+
+def table(block: list) -> Table:
+    first = block[0].case
+    where = (f"{first.axis}: groups of {first.group_size} ranks x {first.concurrent_groups} at once, "
+             f"{first.num_nodes} node{'s' if first.num_nodes != 1 else ''} per group")
+    mode = "in-place" if first.in_place else "out-of-place"
+    t = Table(title=f"{first.op}  {first.backend} {first.device}  {mode}  ({where})", title_justify="left")
+    for name in ("size (B)", "count", "type", "redop", "root", "time p50 (us)", "p95 (us)",
+                 "algbw (GB/s)", "busbw (GB/s)", "#wrong", "CV", "+-CI", "iters", "slowest", "notes"):
+        t.add_column(name, justify="left" if name in ("type", "redop", "notes", "slowest") else "right")
+    for m in block:
+        c = m.case
+        if m.status != "ok":
+            t.add_row(str(c.nbytes), str(c.params.get("count", "")), c.dtype, c.params.get("redop") or "",
+                      str(c.params.get("root", "")), "", "", "", "", "", "", "", "", "",
+                      f"skipped: {m.skip_reason}")
+            continue
+        s = m.stats
+        prec = s.get("precision")
+        t.add_row(str(c.nbytes), str(c.params.get("count", "")), c.dtype, c.params.get("redop") or "",
+                  str(c.params.get("root", "")), _us(s["time_p50_s"]), _us(s["time_p95_s"]),
+                  _gbps(m.algbw_gbps), _gbps(m.busbw_gbps),
+                  f"[red]{m.num_wrong}[/red]" if m.num_wrong else "0",
+                  f"{s['cv']:.1%}", "" if prec is None else f"{prec:.1%}", str(m.iters),
+                  f"{m.slowest_host}:{m.slowest_rank}", short_notes(m))
+    return t
+
+
+def print_tables(measurements, console: Console):
+    block = []
+    for m in measurements:
+        if block and _block_key(m) != _block_key(block[-1]):
+            console.print(table(block))
+            block = []
+        block.append(m)
+    if block:
+        console.print(table(block))
+
+
+class Reporter:
+    """Live output of a sweep: a progress bar (on a terminal's stderr) and each
+    collective's table once its sizes are done."""
+
+    def __init__(self, quiet: bool = False, to_stderr: bool = False):
+        self.quiet = quiet
+        self.console = Console(file=sys.stderr if to_stderr else sys.stdout, width=200)
+        self.block = []
+        self.progress = None
+
+    def start(self, total: int):
+        if self.quiet or not sys.stderr.isatty():
+            return
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), console=Console(file=sys.stderr), transient=True)
+        self.progress.start()
+        self.task = self.progress.add_task("sweep", total=total)
+
+    def add(self, m):
+        if self.quiet:
+            return
+        if self.block and _block_key(m) != _block_key(self.block[-1]):
+            self._flush()
+        self.block.append(m)
+        if self.progress:
+            self.progress.update(self.task, advance=1, description=f"{m.case.op} {m.case.nbytes} B")
+
+    def _flush(self):
+        if not self.block:
+            return
+        # on a terminal, print above the live bar so the two do not interleave
+        on_tty = self.progress is not None and self.console.file.isatty()
+        (self.progress.console if on_tty else self.console).print(table(self.block))
+        self.block = []
+
+    def finish(self):
+        if self.quiet:
+            return
+        if self.progress:
+            self.progress.stop()
+        self._flush()

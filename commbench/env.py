@@ -1,0 +1,137 @@
+"""What a run records about where it ran: hosts, ranks per host, devices,
+versions, topology (NVML where present) and allow-listed environment variables
+(never the whole environment)."""
+import importlib.metadata
+import os
+import platform
+import sys
+
+import commbench
+
+ENV_PREFIXES = ("NCCL_", "FI_", "UCX_", "OMP_", "CUDA_", "MPICH_", "OMPI_MCA_", "I_MPI_", "MV2_",
+                "GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "HCOLL_", "NVSHMEM_", "CXI_",
+                "PALS_", "PBS_JOBID", "SLURM_JOB_ID", "SLURM_NNODES", "SLURM_NTASKS", "MKL_",
+                "OPENBLAS_", "COMMBENCH_", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE")
+SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY", "CREDENTIAL")
+
+
+def allowed_env(environ=None) -> dict:
+    environ = os.environ if environ is None else environ
+    return {k: v for k, v in sorted(environ.items())
+            if k.startswith(ENV_PREFIXES) and not any(w in k.upper() for w in SECRET_WORDS)}
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def versions() -> dict:
+    out = {"python": platform.python_version(), "commbench": commbench.__version__,
+           "numpy": _version("numpy"), "mpi4py": _version("mpi4py"), "mpich_wheel": _version("mpich"),
+           "cupy": _version("cupy-cuda12x") or _version("cupy"), "platform": platform.platform()}
+    try:
+        import torch
+        out["torch"] = torch.__version__
+        out["cuda"] = torch.version.cuda
+        if torch.cuda.is_available():
+            out["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+    except ImportError:
+        out["torch"] = None
+    mpi = sys.modules.get("mpi4py.MPI")   # only when MPI is already up: importing it starts MPI
+    if mpi is not None:
+        out["mpi_library"] = mpi.Get_library_version().strip().splitlines()[0]
+        out["mpi_standard"] = "%d.%d" % mpi.Get_version()
+    out.update(nvml_versions())
+    return out
+
+
+def _nvml():
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        return pynvml
+    except Exception:   # no library, no driver or no GPU: NVML is optional
+        return None
+
+
+def nvml_versions() -> dict:
+    nv = _nvml()
+    if nv is None:
+        return {}
+    return {"driver": nv.nvmlSystemGetDriverVersion(), "nvml_cuda": nv.nvmlSystemGetCudaDriverVersion()}
+
+
+def gpus() -> list:
+    """This node's GPUs with NVLink counts and the PCIe/NVLink path to every other GPU."""
+    nv = _nvml()
+    if nv is None:
+        return []
+    count = nv.nvmlDeviceGetCount()
+    handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+    levels = {getattr(nv, n): n.replace("NVML_TOPOLOGY_", "") for n in dir(nv) if n.startswith("NVML_TOPOLOGY_")}
+    out = []
+    for i, h in enumerate(handles):
+        links = 0
+        for link in range(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18)):
+            try:
+                links += nv.nvmlDeviceGetNvLinkState(h, link) == nv.NVML_FEATURE_ENABLED
+            except Exception:
+                break
+        paths = {}
+        for j, other in enumerate(handles):
+            if j != i:
+                try:
+                    paths[j] = levels.get(nv.nvmlDeviceGetTopologyCommonAncestor(h, other), "?")
+                except Exception:
+                    paths[j] = "?"
+        mem = nv.nvmlDeviceGetMemoryInfo(h)
+        name = nv.nvmlDeviceGetName(h)
+        out.append({"index": i, "name": name.decode() if isinstance(name, bytes) else name,
+                    "memory_bytes": int(mem.total), "nvlinks": int(links), "path_to": paths})
+    return out
+
+
+def rank_info(launch, device: str) -> dict:
+    """What each rank reports about itself (gathered to rank 0)."""
+    from commbench.launch import hostname
+    info = {"rank": launch.rank, "host": hostname(), "local_rank": launch.local_rank, "pid": os.getpid()}
+    if device == "cuda":
+        try:
+            import torch
+            idx = launch.local_rank % torch.cuda.device_count()
+            info["gpu"] = {"index": idx, "name": torch.cuda.get_device_name(idx)}
+        except Exception as e:   # pragma: no cover - GPU only
+            info["gpu"] = {"error": str(e)}
+    return info
+
+
+def cluster(ranks: list) -> dict:
+    hosts = []
+    for r in ranks:
+        if r["host"] not in hosts:
+            hosts.append(r["host"])
+    per_host = {h: sum(1 for r in ranks if r["host"] == h) for h in hosts}
+    return {"num_ranks": len(ranks), "num_hosts": len(hosts), "hosts": hosts,
+            "ranks_per_host": per_host, "cpu_model": cpu_model(), "cpu_count": os.cpu_count(),
+            "gpus": gpus(), "rank_devices": {r["rank"]: r.get("gpu") for r in ranks if r.get("gpu")}}
+
+
+def header(launch, ranks: list, argv: list, run_id: str, created_at: str, settings: dict) -> dict:
+    from commbench.results import make_header
+    return make_header(commbench_version=commbench.__version__, run_id=run_id, created_at=created_at,
+                       command_line=argv, launcher=launch.launcher, cluster=cluster(ranks),
+                       versions=versions(), env=allowed_env(), settings=settings)

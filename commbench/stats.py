@@ -1,0 +1,80 @@
+"""Statistics of raw samples: percentiles, a distribution-free CI of the median,
+and pyperf-style instability warnings. Everything here is derived, never stored
+in place of the raw samples."""
+import math
+
+import numpy as np
+from scipy import stats as sps
+
+CONFIDENCE = 0.95
+UNSTABLE_CV = 0.10
+FEW_SAMPLES = 10
+
+
+def median_ci(samples, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """Confidence interval of the median from order statistics: the number of
+    samples below the true median is Binomial(n, 1/2), so [x_(j), x_(k)] with j, k
+    its two-sided quantiles covers the median with the given confidence, whatever
+    the distribution (timing distributions are skewed, so no normal assumption)."""
+    x = np.sort(np.asarray(samples, dtype=np.float64))
+    n = len(x)
+    if n == 0:
+        return math.nan, math.nan
+    if n < 6:  # too few order statistics for a 95 % interval: the full range
+        return float(x[0]), float(x[-1])
+    # j = smallest count with P(B <= j) >= alpha/2, so P(B <= j-1) < alpha/2 and
+    # [x_(j), x_(n-j+1)] (1-based) covers the median with probability >= confidence.
+    j = int(sps.binom.ppf((1.0 - confidence) / 2, n, 0.5))
+    lo, hi = j - 1, n - j
+    return float(x[lo]), float(x[hi])
+
+
+def precision(samples) -> float:
+    """Half-width of the median's CI relative to the median (0.01 = +-1 %)."""
+    lo, hi = median_ci(samples)
+    med = float(np.median(samples)) if len(samples) else math.nan
+    if not med or math.isnan(med):
+        return math.inf
+    return (hi - lo) / 2.0 / med
+
+
+def summarize(samples) -> dict:
+    """Derived figures of a list of per-iteration times in seconds."""
+    x = np.asarray(samples, dtype=np.float64)
+    if len(x) == 0:
+        raise ValueError("no samples to summarize")
+    p50, p95, p99 = np.percentile(x, [50, 95, 99])
+    mean = float(x.mean())
+    stdev = float(x.std(ddof=1)) if len(x) > 1 else 0.0
+    lo, hi = median_ci(x)
+    q1, q3 = np.percentile(x, [25, 75])
+    iqr = q3 - q1
+    outliers = int(np.sum((x < q1 - 3 * iqr) | (x > q3 + 3 * iqr))) if iqr > 0 else 0
+    return {
+        "time_min_s": float(x.min()),
+        "time_p50_s": float(p50),
+        "time_mean_s": mean,
+        "time_p95_s": float(p95),
+        "time_p99_s": float(p99),
+        "time_max_s": float(x.max()),
+        "time_stdev_s": stdev,
+        "cv": stdev / mean if mean > 0 else 0.0,
+        "ci_low_s": lo,
+        "ci_high_s": hi,
+        "precision": (hi - lo) / 2.0 / float(p50) if p50 > 0 else None,
+        "num_outliers": outliers,
+    }
+
+
+def warnings_for(summary: dict, iters: int, target_ci: float) -> list[str]:
+    """Instability warnings in the manner of pyperf."""
+    out = []
+    if summary["cv"] > UNSTABLE_CV:
+        out.append(f"unstable: CV {summary['cv']:.0%} > {UNSTABLE_CV:.0%}")
+    if iters < FEW_SAMPLES:
+        out.append(f"few samples: {iters} < {FEW_SAMPLES}")
+    if summary["num_outliers"]:
+        out.append(f"outliers: {summary['num_outliers']} beyond 3 IQR")
+    if target_ci > 0 and (summary["precision"] is None or summary["precision"] > target_ci):
+        out.append(f"precision +-{summary['precision'] or math.inf:.1%} did not reach the target +-{target_ci:.1%}")
+    return out

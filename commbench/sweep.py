@@ -1,0 +1,146 @@
+"""`commbench run`: every (layout, collective, dtype, redop, in-place, size) case
+checked, timed and written as it completes. Runs on every rank; rank 0 writes."""
+import datetime
+import os
+import uuid
+
+import numpy as np
+
+from commbench import backends, env, groups, stats, timing
+from commbench.backends.base import Unsupported
+from commbench.collectives.base import num_wrong
+from commbench.dtypes import DTYPES
+from commbench.launch import hostname
+from commbench.results import Case, Measurement, ResultFile, ResultWriter
+
+
+def corrupt_rank() -> int | None:
+    """Fault injection for the correctness check's own tests: the rank named by
+    COMMBENCH_INJECT_CORRUPTION sends a wrong input element in every check."""
+    v = os.environ.get("COMMBENCH_INJECT_CORRUPTION")
+    return int(v) if v and v.isdigit() else None
+
+
+def cases(config, layout, group_size):
+    """(collective, dtype, redop, in_place, nbytes, send, recv) in sweep order."""
+    for coll in config.collective_list:
+        for dtype in config.dtype_list if coll.name != "barrier" else config.dtype_list[:1]:
+            itemsize = DTYPES[dtype].itemsize
+            for redop in config.redop_list if coll.has_redop else [None]:
+                for in_place in config.in_place_list:
+                    seen = set()
+                    for size in config.sizes if coll.name != "barrier" else [0]:
+                        send, recv = coll.counts(size, group_size, itemsize)
+                        nbytes = coll.size_bytes(send, recv, itemsize, group_size)
+                        if nbytes in seen:    # several requested sizes round to one
+                            continue
+                        seen.add(nbytes)
+                        yield coll, dtype, redop, in_place, nbytes, send, recv
+
+
+def skip_reason(backend, coll, dtype, redop, in_place, group_size) -> str | None:
+    if group_size < coll.min_group:
+        return f"{coll.name} needs groups of at least {coll.min_group} ranks"
+    if redop == "avg" and not DTYPES[dtype].is_float:
+        return "avg is defined here for floating-point types only"
+    try:
+        backend.check_supported(coll.name, dtype, redop, in_place)
+    except Unsupported as e:
+        return str(e)
+    return None
+
+
+def measure_case(backend, config, layout, g, hosts, coll, dtype, redop, in_place, nbytes, send, recv):
+    case_in_place = in_place or coll.name in backend.in_place_only or coll.name == "broadcast"
+    params = {"count": recv, "world_size": backend.world_size}
+    if redop:
+        params["redop"] = redop
+    if coll.has_root:
+        params["root"] = 0
+    case = Case(kind="collective", op=coll.name, backend=backend.name, device=config.device, dtype=dtype,
+                nbytes=nbytes, group_size=g.size, num_nodes=layout.num_nodes, axis=layout.axis,
+                in_place=case_in_place, concurrent_groups=len(layout.groups), params=params)
+    reason = skip_reason(backend, coll, dtype, redop, case_in_place, g.size)
+    if reason:
+        return Measurement(case=case, status="skipped", skip_reason=reason)
+    prepared = coll.prepare(backend, g, dtype, send, recv, redop, case_in_place)
+    wrong, bad = 0, corrupt_rank()
+    for _ in range(config.check_iters):
+        prepared.reset(backend, corrupt=bad == backend.rank)
+        backend.synchronize()
+        prepared.op()
+        backend.synchronize()
+        wrong += num_wrong(backend, prepared, dtype, g.size, redop)
+    per_rank_wrong = backend.control_reduce(_one_hot(backend, wrong), "sum")
+    timed = timing.measure(backend, prepared.op, config.timing)
+    own_p50 = float(np.median(timed.own_samples_s))
+    rank_p50 = backend.control_reduce(_one_hot(backend, own_p50), "sum").tolist()
+    rank_samples = backend.control_allgather(timed.own_samples_s) if config.keep_rank_samples else None
+    summary = stats.summarize(timed.samples_s)
+    algbw = coll.algbw_gbps(nbytes, summary["time_p50_s"])
+    slowest = int(np.argmax(rank_p50))
+    return Measurement(
+        case=case, samples_s=timed.samples_s, warmup=config.timing.warmup,
+        target_ci=config.timing.target_ci, stats=summary, algbw_gbps=algbw,
+        busbw_gbps=None if algbw is None else algbw * coll.busbw_factor(g.size),
+        num_wrong=int(per_rank_wrong.sum()), wrong_ranks=[int(r) for r in np.nonzero(per_rank_wrong)[0]],
+        rank_time_p50_s=rank_p50, rank_samples_s=rank_samples, slowest_rank=slowest,
+        slowest_host=hosts[slowest], warnings=stats.warnings_for(summary, len(timed.samples_s),
+                                                                   config.timing.target_ci))
+
+
+def _one_hot(backend, value) -> np.ndarray:
+    """A world-sized vector holding value at this rank: summed over ranks, it is
+    every rank's value (an all-gather over the control channel's reduction)."""
+    v = np.zeros(backend.world_size)
+    v[backend.rank] = value
+    return v
+
+
+def run(config, launch, argv, out_path, overwrite=False, reporter=None):
+    """Run the sweep on this rank. Returns (the ResultFile on rank 0, else None;
+    the number of wrong elements over all cases and ranks, on every rank)."""
+    backend = backends.create(config.backend, launch, config.device, config.timeout_s,
+                              **({"dist_backend": config.dist_backend} if config.backend == "torch" else {}))
+    try:
+        ranks = backend.control_allgather(env.rank_info(launch, config.device))
+        hosts = [r["host"] for r in ranks]
+        run_id, created = backend.control_bcast(
+            (uuid.uuid4().hex[:12], datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")))
+        header = env.header(launch, ranks, argv, run_id, created, config.settings())
+        writer, err = None, None
+        if backend.rank == 0:
+            try:
+                writer = ResultWriter(out_path, header, overwrite)
+            except FileExistsError:
+                err = f"{out_path} exists: commbench never overwrites results (use --force or another --out)"
+            except OSError as e:
+                err = f"cannot write {out_path}: {e.strerror}"
+        err = backend.control_bcast(err)
+        if err:
+            raise ValueError(err)
+        result = ResultFile(header=header, measurements=[], path=out_path)
+        total_wrong = 0
+        layouts = [groups.build(spec, hosts) for spec in config.layout_list]
+        plan = [(layout, c) for layout in layouts for c in cases(config, layout, layout.group_size)]
+        if reporter and backend.rank == 0:
+            reporter.start(len(plan))
+        current = None
+        for layout, c in plan:
+            if current is not layout:
+                g = backend.new_groups(layout.groups)
+                current = layout
+            m = measure_case(backend, config, layout, g, hosts, *c)
+            total_wrong += m.num_wrong
+            if backend.rank == 0:
+                writer.append(m)
+                result.measurements.append(m)
+                if reporter:
+                    reporter.add(m)
+        if writer:
+            writer.close()
+        if reporter and backend.rank == 0:
+            reporter.finish()
+        return (result if backend.rank == 0 else None), total_wrong
+    finally:
+        backend.close()

@@ -1,0 +1,80 @@
+"""Timers and the adaptive timing protocol (DESIGN.md, "Timing protocol").
+
+Each rank times every iteration of a back-to-back loop on its own clock; after a
+batch (never inside it) the per-iteration times are reduced to their max over
+all ranks that run at once, rank 0 decides whether the CI of the median reached
+the target, and all ranks follow its decision."""
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from commbench import stats
+
+
+def host_timer(op, iters: int) -> list:
+    """perf_counter_ns around each call; one clock read per iteration, as the
+    end of one iteration is the start of the next."""
+    pc = time.perf_counter_ns
+    ts = [0] * (iters + 1)
+    ts[0] = pc()
+    for i in range(1, iters + 1):
+        op()
+        ts[i] = pc()
+    return [(b - a) * 1e-9 for a, b in zip(ts, ts[1:])]
+
+
+def event_timer(op, iters: int, new_event, elapsed_ms, synchronize, record=None) -> list:
+    """CUDA events recorded on the communication stream between iterations."""
+    record = record or (lambda e: e.record())
+    events = [new_event() for _ in range(iters + 1)]
+    record(events[0])
+    for i in range(1, iters + 1):
+        op()
+        record(events[i])
+    synchronize()
+    return [elapsed_ms(a, b) * 1e-3 for a, b in zip(events, events[1:])]
+
+
+@dataclass(frozen=True)
+class TimingSettings:
+    warmup: int = 5
+    iters: int = 20           # minimum timed iterations (exactly this with target_ci = 0)
+    max_iters: int = 10000
+    time_budget_s: float = 1.0   # per case, after the minimum iterations
+    target_ci: float = 0.01
+
+
+@dataclass
+class Timed:
+    samples_s: list            # per iteration, max over all ranks running at once
+    own_samples_s: list        # this rank's own per-iteration times
+
+
+def measure(backend, op, settings: TimingSettings) -> Timed:
+    for _ in range(settings.warmup):
+        op()
+    backend.synchronize()
+    backend.control_barrier()
+    own, maxed = [], []
+    batch = settings.iters
+    start = time.monotonic()
+    while True:
+        s = backend.time_iterations(op, batch)
+        own += s
+        maxed += backend.control_reduce(np.asarray(s, dtype=np.float64), "max").tolist()
+        stop = True
+        if backend.rank == 0:
+            done = len(maxed)
+            stop = (settings.target_ci <= 0
+                    or done >= settings.max_iters
+                    or time.monotonic() - start >= settings.time_budget_s
+                    or stats.precision(maxed) <= settings.target_ci)
+            # the next batch doubles the count, within the iteration cap and
+            # (estimated from the median so far) the time left
+            left = settings.time_budget_s - (time.monotonic() - start)
+            per_iter = max(float(np.median(maxed)), 1e-9)
+            batch = int(max(1, min(done, settings.max_iters - done, left / per_iter)))
+        stop, batch = backend.control_bcast((stop, batch))
+        if stop:
+            return Timed(samples_s=maxed, own_samples_s=own)
