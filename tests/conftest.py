@@ -1,0 +1,44 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BIN = Path(sys.executable).parent
+MPIEXEC = str(BIN / "mpiexec")
+ROOT = Path(__file__).resolve().parent.parent
+
+# quick, deterministic settings for test sweeps: exactly -n iterations
+FAST = ["-n", "5", "-w", "1", "--target-ci", "0", "-q"]
+
+
+def clean_env(**extra):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_", "MASTER_", "PMI_", "OMPI_", "SLURM_",
+                                "TORCHELASTIC", "COMMBENCH_", "GROUP_RANK", "PMIX_", "MPI_LOCAL"))}
+    env.update(extra)
+    return env
+
+
+def commbench(*args, launcher=(), env=None, timeout=240, cwd=None):
+    """Run `[launcher] python -m commbench ARGS` and return the CompletedProcess."""
+    cmd = [*launcher, sys.executable, "-m", "commbench", *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env or clean_env(), cwd=cwd)
+
+
+def mpiexec(n):
+    return [MPIEXEC, "-n", str(n)]
+
+
+def pytest_collection_modifyitems(config, items):
+    try:
+        import torch
+        has_gpu = torch.cuda.is_available()
+    except ImportError:
+        has_gpu = False
+    if not has_gpu:
+        skip = pytest.mark.skip(reason="needs a CUDA GPU (none visible to torch)")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
