@@ -33,6 +33,7 @@ def _run_args(p):
     g.add_argument("-o", "--op", default="sum", help="reduction op(s): sum, prod, max, min, avg, or all")
     g.add_argument("--in-place", default="no", choices=["no", "yes", "both"],
                    help="out-of-place (default), in-place, or both")
+    g.add_argument("-r", "--root", type=int, default=0, help="root rank of broadcast and reduce (default 0)")
     g.add_argument("--backend", default="torch", help="torch (default), mpi or cupy")
     g.add_argument("--dist-backend", default=None, help="torch process group: gloo, nccl or mpi "
                                                          "(default: nccl on cuda, gloo on cpu)")
@@ -103,7 +104,7 @@ def _config(a):
         minbytes=parse_size(a.minbytes), maxbytes=parse_size(a.maxbytes), stepfactor=stepfactor,
         stepbytes=stepbytes, collectives=a.collective, dtypes=a.dtype, redops=a.op, backend=a.backend,
         dist_backend=a.dist_backend, device=_device(a.device, a.backend), layouts=a.groups,
-        in_place=a.in_place, check_iters=a.check, timeout_s=a.timeout, keep_rank_samples=a.keep_rank_samples,
+        in_place=a.in_place, check_iters=a.check, root=a.root, timeout_s=a.timeout, keep_rank_samples=a.keep_rank_samples,
         timing=TimingSettings(warmup=a.warmup, iters=a.iters, max_iters=a.max_iters,
                               time_budget_s=a.time_budget, target_ci=a.target_ci))
 

@@ -27,6 +27,7 @@ class RunConfig:
     layouts: str = "world"
     in_place: str = "no"
     check_iters: int = 1
+    root: int = 0
     timing: TimingSettings = field(default_factory=TimingSettings)
     timeout_s: float = 300.0
     keep_rank_samples: bool = False
@@ -53,6 +54,8 @@ class RunConfig:
             raise ValueError(f"--time-budget must be >= 0, got {t.time_budget_s}")
         if self.check_iters < 0:
             raise ValueError(f"-c/--check must be >= 0, got {self.check_iters}")
+        if self.root < 0:
+            raise ValueError(f"-r/--root must be >= 0, got {self.root}")
         if self.timeout_s <= 0:
             raise ValueError(f"--timeout must be positive, got {self.timeout_s}")
         self.sizes = sweep(self.minbytes, self.maxbytes, self.stepfactor, self.stepbytes)
@@ -71,6 +74,6 @@ class RunConfig:
         return {"sizes": self.sizes, "collectives": [c.name for c in self.collective_list],
                 "dtypes": self.dtype_list, "redops": self.redop_list, "backend": self.backend,
                 "dist_backend": self.dist_backend, "device": self.device, "layouts": self.layout_list,
-                "in_place": self.in_place, "check_iters": self.check_iters, "warmup": t.warmup,
+                "in_place": self.in_place, "check_iters": self.check_iters, "root": self.root, "warmup": t.warmup,
                 "iters": t.iters, "max_iters": t.max_iters, "time_budget_s": t.time_budget_s,
                 "target_ci": t.target_ci, "timeout_s": self.timeout_s}

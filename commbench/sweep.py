@@ -38,9 +38,11 @@ def cases(config, layout, group_size):
                         yield coll, dtype, redop, in_place, nbytes, send, recv
 
 
-def skip_reason(backend, coll, dtype, redop, in_place, group_size) -> str | None:
+def skip_reason(backend, coll, dtype, redop, in_place, group_size, root) -> str | None:
     if group_size < coll.min_group:
         return f"{coll.name} needs groups of at least {coll.min_group} ranks"
+    if coll.has_root and root >= group_size:
+        return f"root {root} is outside a group of {group_size} ranks"
     if redop == "avg" and not DTYPES[dtype].is_float:
         return "avg is defined here for floating-point types only"
     try:
@@ -56,14 +58,14 @@ def measure_case(backend, config, layout, g, hosts, coll, dtype, redop, in_place
     if redop:
         params["redop"] = redop
     if coll.has_root:
-        params["root"] = 0
+        params["root"] = config.root
     case = Case(kind="collective", op=coll.name, backend=backend.name, device=config.device, dtype=dtype,
                 nbytes=nbytes, group_size=g.size, num_nodes=layout.num_nodes, axis=layout.axis,
                 in_place=case_in_place, concurrent_groups=len(layout.groups), params=params)
-    reason = skip_reason(backend, coll, dtype, redop, case_in_place, g.size)
+    reason = skip_reason(backend, coll, dtype, redop, case_in_place, g.size, config.root)
     if reason:
         return Measurement(case=case, status="skipped", skip_reason=reason)
-    prepared = coll.prepare(backend, g, dtype, send, recv, redop, case_in_place)
+    prepared = coll.prepare(backend, g, dtype, send, recv, redop, case_in_place, root=config.root)
     wrong, bad = 0, corrupt_rank()
     for _ in range(config.check_iters):
         prepared.reset(backend, corrupt=bad == backend.rank)

@@ -107,8 +107,8 @@ def test_dtypes_redops_and_in_place_are_exact(tmp_path):
     """Every reduction op, several dtypes, in- and out-of-place, on 4 MPI ranks
     and on 2 gloo ranks (avg and bfloat16 on gloo): no wrong element."""
     out = tmp_path / "m.jsonl"
-    p = commbench("run", "--backend", "mpi", "--collective", "all_reduce,reduce_scatter,all_gather,reduce,all_to_all",
-                  "-d", "float32,float16,float64,int32,int8,uint8", "-o", "all", "--in-place", "both",
+    p = commbench("run", "--backend", "mpi", "--collective", "all_reduce,reduce_scatter,all_gather,reduce,all_to_all,broadcast",
+                  "-d", "float32,float16,float64,int32,int8,uint8", "-o", "all", "--in-place", "both", "-r", "2",
                   "-b", "64", "-e", "4K", "-f", "64", *FAST, "-n", "2", "--out", out,
                   launcher=mpiexec(4), cwd=tmp_path)
     assert p.returncode == 0, p.stderr
@@ -117,6 +117,7 @@ def test_dtypes_redops_and_in_place_are_exact(tmp_path):
     assert all(m.num_wrong == 0 for m in ok)
     assert {m.case.params.get("redop") for m in ok if m.case.op == "all_reduce"} == {"sum", "prod", "max", "min"}
     assert {m.case.in_place for m in ok if m.case.op == "all_reduce"} == {True, False}
+    assert {m.case.params["root"] for m in ok if m.case.op in ("reduce", "broadcast")} == {2}
     skipped = {m.skip_reason for m in rf.measurements if m.status == "skipped"}
     assert any("AVG" in r for r in skipped)          # MPI has no avg: recorded, not a crash
     out2 = tmp_path / "g.jsonl"

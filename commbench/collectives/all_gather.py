@@ -14,7 +14,7 @@ class AllGather(Collective):
         # S is the gathered output; each rank receives the (n-1)/n it lacks
         return (n - 1) / n
 
-    def prepare(self, backend, g, dtype, send, recv, redop, in_place):
+    def prepare(self, backend, g, dtype, send, recv, redop, in_place, root=0):
         rbuf = backend.empty(recv, dtype)
         sbuf = backend.view(rbuf, g.rank * send, send) if in_place else backend.empty(send, dtype)
 

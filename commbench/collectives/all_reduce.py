@@ -12,7 +12,7 @@ class AllReduce(Collective):
         # then all-gather): the bus bandwidth that time implies (nccl-tests)
         return 2.0 * (n - 1) / n
 
-    def prepare(self, backend, g, dtype, send, recv, redop, in_place):
+    def prepare(self, backend, g, dtype, send, recv, redop, in_place, root=0):
         sbuf = backend.empty(send, dtype)
         rbuf = sbuf if in_place else backend.empty(recv, dtype)
         table = reduction_table(g.size, redop)

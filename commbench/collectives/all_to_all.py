@@ -14,7 +14,7 @@ class AllToAll(Collective):
         # the block a rank keeps for itself (1/n) crosses no link
         return (n - 1) / n
 
-    def prepare(self, backend, g, dtype, send, recv, redop, in_place):
+    def prepare(self, backend, g, dtype, send, recv, redop, in_place, root=0):
         sbuf = backend.empty(send, dtype)
         rbuf = sbuf if in_place else backend.empty(recv, dtype)
         block, me = send // g.size, g.rank

@@ -11,5 +11,5 @@ class Barrier(Collective):
     def algbw_gbps(self, nbytes, time_s):
         return None
 
-    def prepare(self, backend, g, dtype, send, recv, redop, in_place):
+    def prepare(self, backend, g, dtype, send, recv, redop, in_place, root=0):
         return Prepared(op=backend.barrier(g))

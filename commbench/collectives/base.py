@@ -91,7 +91,7 @@ class Collective:
     def busbw_factor(self, n: int) -> float:
         return 1.0
 
-    def prepare(self, backend, g, dtype: str, send: int, recv: int, redop, in_place: bool) -> Prepared:
+    def prepare(self, backend, g, dtype: str, send: int, recv: int, redop, in_place: bool, root: int = 0) -> Prepared:
         raise NotImplementedError
 
 

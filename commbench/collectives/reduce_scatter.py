@@ -18,7 +18,7 @@ class ReduceScatter(Collective):
         # each rank sends the (n-1)/n of its input that the others reduce
         return (n - 1) / n
 
-    def prepare(self, backend, g, dtype, send, recv, redop, in_place):
+    def prepare(self, backend, g, dtype, send, recv, redop, in_place, root=0):
         sbuf = backend.empty(send, dtype)
         rbuf = backend.view(sbuf, g.rank * recv, recv) if in_place else backend.empty(recv, dtype)
         table = reduction_table(g.size, redop)

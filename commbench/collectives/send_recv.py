@@ -21,7 +21,7 @@ class SendRecv(Collective):
     name = "send_recv"
     min_group = 2
 
-    def prepare(self, backend, g, dtype, send, recv, redop, in_place):
+    def prepare(self, backend, g, dtype, send, recv, redop, in_place, root=0):
         peer = peer_of(g.rank, g.size)
         buf = backend.empty(send, dtype)
         if peer is None:
@@ -41,7 +41,7 @@ class SendRecvBidir(Collective):
     def algbw_gbps(self, nbytes, time_s):
         return 2 * nbytes / time_s / 1e9
 
-    def prepare(self, backend, g, dtype, send, recv, redop, in_place):
+    def prepare(self, backend, g, dtype, send, recv, redop, in_place, root=0):
         peer = peer_of(g.rank, g.size)
         sbuf, rbuf = backend.empty(send, dtype), backend.empty(recv, dtype)
         if peer is None:
