@@ -75,7 +75,10 @@ def build_parser() -> Parser:
     fmt.add_argument("--json", action="store_true")
     fmt.add_argument("--csv", action="store_true")
     e = sub.add_parser("env", help="print what a run records about the machine")
-    e.add_argument("--json", action="store_true")
+    e.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    e.add_argument("--backend", default="torch", help="backend used to gather the ranks under a launcher")
+    e.add_argument("--device", default="auto", help="cpu, cuda or auto")
+    e.add_argument("--timeout", type=float, default=300.0)
     return p
 
 
@@ -173,22 +176,33 @@ def cmd_show(a) -> int:
 
 
 def cmd_env(a) -> int:
-    from commbench import env, launch as launch_mod
+    """Under a launcher every rank reports itself and rank 0 prints them all."""
+    from commbench import backends, env, launch as launch_mod
     info = launch_mod.detect()
-    ranks = [env.rank_info(info, "cpu")]
-    doc = {"launcher": info.launcher, "rank": info.rank, "world_size": info.world_size,
-           "local_rank": info.local_rank, "local_world_size": info.local_world_size,
+    device = _device(a.device, a.backend)
+    if info.world_size > 1:
+        backend = backends.create(a.backend, info, device, a.timeout)
+        try:
+            ranks = backend.control_allgather(env.rank_info(info, device))
+        finally:
+            backend.close()
+        if info.rank != 0:
+            return EXIT_OK
+    else:
+        ranks = [env.rank_info(info, device)]
+    doc = {"launcher": info.launcher, "world_size": info.world_size, "ranks": ranks,
            "cluster": env.cluster(ranks), "versions": env.versions(), "env": env.allowed_env()}
     if a.json:
         print(json.dumps(doc))
         return EXIT_OK
     from rich.console import Console
     from rich.table import Table
+    con = Console(width=200)
     t = Table(title="commbench env", show_header=False)
-    for k in ("launcher", "rank", "world_size", "local_rank", "local_world_size"):
-        t.add_row(k, str(doc[k]))
     c = doc["cluster"]
-    t.add_row("host", ", ".join(c["hosts"]))
+    t.add_row("launcher", info.launcher)
+    t.add_row("ranks", f"{info.world_size} on {c['num_hosts']} host(s): " +
+              ", ".join(f"{h} x {n}" for h, n in c["ranks_per_host"].items()))
     t.add_row("cpu", f"{c['cpu_model']} ({c['cpu_count']} cores)")
     for gpu in c["gpus"] or [{"name": "none visible (NVML absent or no GPU)"}]:
         t.add_row("gpu", json.dumps(gpu) if "index" in gpu else gpu["name"])
@@ -196,7 +210,13 @@ def cmd_env(a) -> int:
         t.add_row(k, str(v))
     for k, v in doc["env"].items():
         t.add_row(k, v)
-    Console(width=200).print(t)
+    con.print(t)
+    r = Table(title="ranks")
+    for col in ("rank", "host", "local rank", "pid", "gpu"):
+        r.add_column(col)
+    for x in ranks:
+        r.add_row(str(x["rank"]), x["host"], str(x["local_rank"]), str(x["pid"]), json.dumps(x.get("gpu", "")))
+    con.print(r)
     return EXIT_OK
 
 
