@@ -23,6 +23,26 @@ def decode(host: np.ndarray) -> np.ndarray:
     return host.astype(np.float64)
 
 
+def cuda_aware() -> bool:
+    """Whether the loaded MPI takes device pointers: COMMBENCH_MPI_CUDA_AWARE
+    decides if set; else Open MPI's MPIX_Query_cuda_support or MPICH's
+    MPIX_GPU_query_support(MPIX_GPU_SUPPORT_CUDA = 0), looked up in the MPI
+    library that mpi4py loaded."""
+    forced = os.environ.get("COMMBENCH_MPI_CUDA_AWARE")
+    if forced is not None:
+        return forced == "1"
+    import ctypes
+
+    from mpi4py import MPI
+    lib = ctypes.CDLL(MPI.__file__)   # dlsym on it searches libmpi, its dependency
+    if hasattr(lib, "MPIX_Query_cuda_support"):
+        return lib.MPIX_Query_cuda_support() == 1
+    if hasattr(lib, "MPIX_GPU_query_support"):
+        flag = ctypes.c_int(0)
+        return lib.MPIX_GPU_query_support(0, ctypes.byref(flag)) == 0 and flag.value == 1
+    return False
+
+
 class MPIBackend(Backend):
     name = "mpi"
 
@@ -40,8 +60,9 @@ class MPIBackend(Backend):
                              "start the MPI backends with mpiexec")
         self.xp = np
         if device == "cuda":
-            if os.environ.get("COMMBENCH_MPI_CUDA_AWARE", "0") != "1":
-                raise ValueError("--backend mpi --device cuda needs a CUDA-aware MPI; "
+            if not cuda_aware():
+                raise ValueError("--backend mpi --device cuda needs a CUDA-aware MPI (neither "
+                                 "MPIX_Query_cuda_support nor MPIX_GPU_query_support says so); "
                                  "if yours is, set COMMBENCH_MPI_CUDA_AWARE=1")
             import cupy
             cupy.cuda.Device(launch.local_rank % cupy.cuda.runtime.getDeviceCount()).use()
