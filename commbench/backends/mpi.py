@@ -1,5 +1,6 @@
 """mpi4py: numpy buffers on the CPU; cupy device buffers when the MPI is CUDA-aware."""
 import os
+from functools import partial
 
 import numpy as np
 
@@ -106,7 +107,8 @@ class MPIBackend(Backend):
 
     # --- primitives --------------------------------------------------------------
     def _sync_first(self, call):
-        """With device buffers, kernels that wrote them must finish before MPI reads them."""
+        """With device buffers, kernels that wrote them must finish before MPI reads
+        them. Host calls stay bare partials: no Python frame of ours in the timed loop."""
         if self.xp is np:
             return call
         sync = self.xp.cuda.get_current_stream().synchronize
@@ -120,46 +122,46 @@ class MPIBackend(Backend):
         c, op = g.handle, self._redops[redop]
         sendbuf = self.MPI.IN_PLACE if in_place else self._spec(send)
         r = self._spec(recv)
-        return self._sync_first(lambda: c.Allreduce(sendbuf, r, op))
+        return self._sync_first(partial(c.Allreduce, sendbuf, r, op))
 
     def all_gather(self, g, send, recv, in_place):
         c = g.handle
         sendbuf = self.MPI.IN_PLACE if in_place else self._spec(send)
         r = self._spec(recv)
-        return self._sync_first(lambda: c.Allgather(sendbuf, r))
+        return self._sync_first(partial(c.Allgather, sendbuf, r))
 
     def reduce_scatter(self, g, send, recv, redop, in_place):
         c, op = g.handle, self._redops[redop]
         s, r = self._spec(send), self._spec(recv)
-        return self._sync_first(lambda: c.Reduce_scatter_block(s, r, op))
+        return self._sync_first(partial(c.Reduce_scatter_block, s, r, op))
 
     def broadcast(self, g, buf, root):
         c, b = g.handle, self._spec(buf)
-        return self._sync_first(lambda: c.Bcast(b, root))
+        return self._sync_first(partial(c.Bcast, b, root))
 
     def reduce(self, g, send, recv, redop, root, in_place):
         c, op = g.handle, self._redops[redop]
         s = self.MPI.IN_PLACE if in_place and g.rank == root else self._spec(send)
         r = self._spec(recv)
-        return self._sync_first(lambda: c.Reduce(s, r, op, root))
+        return self._sync_first(partial(c.Reduce, s, r, op, root))
 
     def all_to_all(self, g, send, recv, in_place):
         c = g.handle
         s = self.MPI.IN_PLACE if in_place else self._spec(send)
         r = self._spec(recv)
-        return self._sync_first(lambda: c.Alltoall(s, r))
+        return self._sync_first(partial(c.Alltoall, s, r))
 
     def send(self, g, buf, peer):
         c, b = g.handle, self._spec(buf)
-        return self._sync_first(lambda: c.Send(b, peer))
+        return self._sync_first(partial(c.Send, b, peer))
 
     def recv(self, g, buf, peer):
         c, b = g.handle, self._spec(buf)
-        return lambda: c.Recv(b, peer)
+        return partial(c.Recv, b, peer)
 
     def send_recv(self, g, send, recv, peer):
         c, s, r = g.handle, self._spec(send), self._spec(recv)
-        return self._sync_first(lambda: c.Sendrecv(s, peer, recvbuf=r, source=peer))
+        return self._sync_first(partial(c.Sendrecv, s, peer, recvbuf=r, source=peer))
 
     def barrier(self, g):
         return g.handle.Barrier
