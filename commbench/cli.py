@@ -1,6 +1,7 @@
 """commbench's command line: one subcommand per verb. Bad input is one line on
 stderr and exit status 2; wrong results exit 1; a run that fails exits 3."""
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -102,14 +103,16 @@ def _config(a):
     from commbench.sizes import parse_size
     from commbench.timing import TimingSettings
     stepbytes = parse_size(a.stepbytes) if a.stepbytes is not None else None
-    stepfactor = a.stepfactor if a.stepfactor is not None else (None if stepbytes else 2.0)
-    return RunConfig(
+    stepfactor = a.stepfactor if a.stepfactor is not None else (None if stepbytes is not None else 2.0)
+    config = RunConfig(
         minbytes=parse_size(a.minbytes), maxbytes=parse_size(a.maxbytes), stepfactor=stepfactor,
         stepbytes=stepbytes, collectives=a.collective, dtypes=a.dtype, redops=a.op, backend=a.backend,
-        dist_backend=a.dist_backend, device=_device(a.device, a.backend), layouts=a.groups,
+        dist_backend=a.dist_backend, device=a.device if a.device in ("cpu", "cuda") else "cpu", layouts=a.groups,
         in_place=a.in_place, check_iters=a.check, root=a.root, timeout_s=a.timeout, keep_rank_samples=a.keep_rank_samples,
         timing=TimingSettings(warmup=a.warmup, iters=a.iters, max_iters=a.max_iters,
                               time_budget_s=a.time_budget, target_ci=a.target_ci))
+    # resolving the device imports torch (seconds): only once everything else is valid
+    return dataclasses.replace(config, device=_device(a.device, a.backend))
 
 
 def _default_out() -> str:

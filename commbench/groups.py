@@ -38,6 +38,10 @@ def parse_layouts(text: str) -> list[str]:
 
 def build(spec: str, hosts: list[str]) -> Layout:
     """The groups of a layout, from the host name of every rank (index = rank)."""
+    names = parse_layouts(spec)          # validated, normalized: 'MOD 2' -> 'mod 2'
+    if len(names) != 1:
+        raise ValueError(f"build one layout at a time, got {spec!r}")
+    spec = names[0]
     world = len(hosts)
     node_of = {}
     for h in hosts:

@@ -42,8 +42,9 @@ def _ints(env, *names):
 # Order matters: MPI launchers before Slurm (mpiexec inside an allocation inherits
 # SLURM_* from the allocation, and hydra starts its proxies with srun).
 _LAUNCHERS = [
+    # (OMPI_COMM_WORLD_NODE_RANK is a per-node process rank, not a node index)
     ("openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-     "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_NODE_RANK"),
+     "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", None),
     ("mvapich", "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE",
      "MV2_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_SIZE", None),
     ("pals", "PALS_RANKID", "PMI_SIZE", "PALS_LOCAL_RANKID", "PALS_LOCAL_SIZE", "PALS_NODEID"),
@@ -80,9 +81,9 @@ def detect(env=None) -> LaunchInfo:
         if name == "slurm" and not local_size:
             local_size = _slurm_local_size(env)
         node = _ints(env, nv) if nv else None
-        if name == "slurm" and not addr:
-            addr = first_host(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
-                              or env.get("SLURM_NODELIST") or "")
+        if name == "slurm":
+            addr = addr or first_host(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+                                      or env.get("SLURM_NODELIST") or "")
             if not port and _ints(env, "SLURM_JOB_ID"):
                 port = 20000 + int(env["SLURM_JOB_ID"]) % 20000
         return LaunchInfo(name, rank, size, local[0] if local else 0,
@@ -108,16 +109,16 @@ def _slurm_local_size(env):
 
 
 def first_host(nodelist: str) -> str | None:
-    """First host of a Slurm node list: 'nid[001-004,007],gpu5' -> 'nid001'."""
+    """First host of a Slurm node list: 'nid[001-004,007],gpu5' -> 'nid001';
+    'nid[01-04]-ib' -> 'nid01-ib' (prefix[range]suffix)."""
     nodelist = nodelist.strip()
     if not nodelist:
         return None
-    m = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist)
-    prefix, ranges = m.group(1), m.group(2)
+    m = re.match(r"([^,\[]*)(?:\[([^\]]+)\]([^,\[]*))?", nodelist)
+    prefix, ranges, suffix = m.group(1), m.group(2), m.group(3) or ""
     if not ranges:
         return prefix
-    first = ranges.split(",")[0].split("-")[0]
-    return prefix + first
+    return prefix + ranges.split(",")[0].split("-")[0] + suffix
 
 
 def hostname() -> str:

@@ -4,7 +4,6 @@ in place of the raw samples."""
 import math
 
 import numpy as np
-from scipy import stats as sps
 
 CONFIDENCE = 0.95
 UNSTABLE_CV = 0.10
@@ -16,6 +15,7 @@ def median_ci(samples, confidence: float = CONFIDENCE) -> tuple[float, float]:
     samples below the true median is Binomial(n, 1/2), so [x_(j), x_(k)] with j, k
     its two-sided quantiles covers the median with the given confidence, whatever
     the distribution (timing distributions are skewed, so no normal assumption)."""
+    from scipy import stats as sps   # here, not at import: the CLI answers bad input fast
     x = np.sort(np.asarray(samples, dtype=np.float64))
     n = len(x)
     if n == 0:
