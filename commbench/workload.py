@@ -1,0 +1,64 @@
+"""Workload: what one optimizer step of a plan issues, per rank. CommOps come
+from the strategies (strategies/), ComputeOps from compute/ (a later issue)."""
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class CommOp:
+    collective: str          # all_reduce | all_gather | reduce_scatter | broadcast | send_recv | all_to_all
+    axis: str                # dp | tp | pp | ep ...
+    group_size: int
+    num_nodes: int           # nodes one group of this axis spans
+    nbytes: int              # S of DESIGN.md's busbw table
+    count: int               # times per optimizer step, per rank
+    phase: str               # fwd | bwd | step
+    overlap: str = "none"    # what it may hide behind: bwd | fwd | none
+    dtype: str = "bf16"
+    strategy: str = ""       # ddp | zero1 | zero2 | fsdp | tp | pp
+    label: str = ""          # e.g. "bucket 3/7", "attn out fwd"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ComputeOp:
+    name: str
+    kind: str                # gemm | attention | elementwise | optimizer | other
+    m: int = 0
+    n: int = 0
+    k: int = 0
+    flops: float = 0.0
+    nbytes: int = 0
+    count: int = 1
+    phase: str = "fwd"
+    dtype: str = "bf16"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Workload:
+    model: dict
+    parallelism: dict
+    comm_ops: list = field(default_factory=list)
+    compute_ops: list = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"model": self.model, "parallelism": self.parallelism,
+                "comm_ops": [c.to_dict() for c in self.comm_ops],
+                "compute_ops": [c.to_dict() for c in self.compute_ops]}
+
+    def volume_per_axis(self) -> dict:
+        """Bytes each rank sends per step, per axis: S x count x the busbw factor
+        (the fraction of S that crosses a link), split intra/inter node."""
+        from commbench.collectives import COLLECTIVES
+        out = {}
+        for c in self.comm_ops:
+            name = c.collective
+            factor = COLLECTIVES[name].busbw_factor(c.group_size) if name in COLLECTIVES else 1.0
+            where = "inter" if c.num_nodes > 1 else "intra"
+            key = (c.axis, where)
+            out[key] = out.get(key, 0.0) + c.nbytes * c.count * factor
+        return out
