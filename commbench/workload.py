@@ -16,6 +16,7 @@ class CommOp:
     dtype: str = "bf16"
     strategy: str = ""       # ddp | zero1 | zero2 | fsdp | tp | pp
     label: str = ""          # e.g. "bucket 3/7", "attn out fwd"
+    stage: int = 0           # pipeline stage whose ranks issue it
 
     def to_dict(self) -> dict:
         return asdict(self)

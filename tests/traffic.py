@@ -1,0 +1,76 @@
+"""Record the collectives a real torch run issues: each rank runs `fn(rank,
+world, *args)` under torch.profiler(record_shapes=True) over gloo, and the
+c10d:: and gloo: events it issued come back in order, per rank. The profiler
+sees the all-reduces that DDP's C++ reducer issues too, which never pass through
+Python's torch.distributed functions."""
+import os
+import socket
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank, world, port, fn, args, queue):
+    try:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        setup = fn(rank, world, *args)           # returns a callable: the part to record
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            setup()
+        events = [(e.name, [list(s) for s in e.input_shapes]) for e in prof.events()
+                  if e.name.startswith(("c10d::", "gloo:"))]
+        dist.barrier()
+        dist.destroy_process_group()
+        queue.put((rank, events, None))
+    except Exception:
+        queue.put((rank, None, traceback.format_exc()))
+
+
+def record(fn, world: int, *args, timeout_s: float = 180.0) -> list:
+    """Per rank, the list of (event name, input shapes) recorded while the callable
+    that fn(rank, world, *args) returned ran. fn must be a module-level function."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_worker, args=(r, world, port, fn, args, queue)) for r in range(world)]
+    for p in procs:
+        p.start()
+    out, errors = [None] * world, []
+    try:
+        for _ in range(world):
+            rank, events, err = queue.get(timeout=timeout_s)
+            if err:
+                errors.append(f"rank {rank}:\n{err}")
+            out[rank] = events
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    if errors:
+        raise RuntimeError("\n".join(errors))
+    return out
+
+
+def gloo_ops(events) -> list:
+    """The backend-level operations, as (op, numel of the first input): e.g.
+    ('all_reduce', 236928). On gloo a reduce_scatter shows as an all_reduce of
+    the whole input nested in c10d::_reduce_scatter_base_."""
+    out = []
+    for name, shapes in events:
+        if name.startswith("gloo:"):
+            numel = 1
+            for d in (shapes[0] if shapes and shapes[0] else []):
+                numel *= d
+            out.append((name[len("gloo:"):], numel if shapes and shapes[0] else 0))
+    return out
