@@ -7,6 +7,8 @@ import json
 import os
 import sys
 
+from commbench import planflags
+
 EXIT_OK, EXIT_WRONG, EXIT_USAGE, EXIT_FAILED = 0, 1, 2, 3
 
 
@@ -30,7 +32,8 @@ def _run_args(p):
     g.add_argument("--collective", default="all",
                    help="all_reduce, all_gather, reduce_scatter, broadcast, reduce, all_to_all, "
                         "send_recv, send_recv_bidir, barrier; comma-separated, or all (default)")
-    g.add_argument("-d", "--dtype", default="float32", help="element type(s), comma-separated, or all")
+    g.add_argument("-d", "--dtype", default=None,
+                   help="element type(s), comma-separated, or all (default float32; with a plan, its dtype: bf16)")
     g.add_argument("-o", "--op", default="sum", help="reduction op(s): sum, prod, max, min, avg, or all")
     g.add_argument("--in-place", default="no", choices=["no", "yes", "both"],
                    help="out-of-place (default), in-place, or both")
@@ -68,13 +71,21 @@ def build_parser() -> Parser:
     p = Parser(prog="commbench", description="Collective-communication microbenchmarks for distributed training")
     sub = p.add_subparsers(dest="verb", parser_class=Parser, metavar="VERB")
     sub.required = True
-    r = sub.add_parser("run", help="sweep collectives over sizes, dtypes and group layouts")
+    r = sub.add_parser("run", help="sweep collectives over sizes, dtypes and group layouts, or a plan's collectives")
     _run_args(r)
+    planflags.add(r, dtype_flag=False, required=False)
+    r.add_argument("--isolated", action="store_true",
+                   help="with a plan: one group of each axis alone (default: every group of the axis at once)")
     s = sub.add_parser("show", help="print a saved results file as the live tables")
     s.add_argument("file")
     fmt = s.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true")
     fmt.add_argument("--csv", action="store_true")
+    m = sub.add_parser("models", help="list the model catalogue with parameter counts")
+    m.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    pl = sub.add_parser("plan", help="the collectives one training step of a plan issues")
+    planflags.add(pl)
+    pl.add_argument("--json", action="store_true", help="print the Workload as one JSON document")
     e = sub.add_parser("env", help="print what a run records about the machine")
     e.add_argument("--json", action="store_true", help="one JSON document on stdout")
     e.add_argument("--backend", default="torch", help="backend used to gather the ranks under a launcher")
@@ -106,7 +117,7 @@ def _config(a):
     stepfactor = a.stepfactor if a.stepfactor is not None else (None if stepbytes is not None else 2.0)
     config = RunConfig(
         minbytes=parse_size(a.minbytes), maxbytes=parse_size(a.maxbytes), stepfactor=stepfactor,
-        stepbytes=stepbytes, collectives=a.collective, dtypes=a.dtype, redops=a.op, backend=a.backend,
+        stepbytes=stepbytes, collectives=a.collective, dtypes=a.dtype or "float32", redops=a.op, backend=a.backend,
         dist_backend=a.dist_backend, device=a.device if a.device in ("cpu", "cuda") else "cpu", layouts=a.groups,
         in_place=a.in_place, check_iters=a.check, root=a.root, timeout_s=a.timeout, keep_rank_samples=a.keep_rank_samples,
         timing=TimingSettings(warmup=a.warmup, iters=a.iters, max_iters=a.max_iters,
@@ -118,6 +129,26 @@ def _config(a):
 def _default_out() -> str:
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     return os.path.join("results", f"run-{stamp}-{os.getpid()}.jsonl")
+
+
+def _run_plan(a, world: int, gpus_per_node: int):
+    """(model, Parallelism) of `run --plan/--model ...` on a job of `world` ranks,
+    or None without a plan."""
+    if not planflags.given(a):
+        return None
+    defaults = {"world": world, "gpus_per_node": gpus_per_node}
+    if a.dtype:
+        from commbench.dtypes import parse_dtypes
+        names = parse_dtypes(a.dtype)
+        plan_dtype = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(names[0])
+        if len(names) != 1 or plan_dtype is None:
+            raise ValueError(f"with a plan, -d/--dtype is the plan's dtype: one of bf16, fp16, fp32, got {a.dtype!r}")
+        defaults["dtype"] = plan_dtype
+    model, par = planflags.from_args(a, defaults)
+    if par.world != world:
+        raise ValueError(f"the plan is for {par.world} GPUs but this job has {world} ranks: "
+                         "run --plan measures the plan's groups on a job of the plan's size")
+    return model, par
 
 
 def cmd_run(a, argv) -> int:
@@ -135,6 +166,7 @@ def cmd_run(a, argv) -> int:
                 nprocs = torch.cuda.device_count()
         if nprocs < 1:
             raise ValueError(f"--nprocs must be at least 1, got {nprocs}")
+        _run_plan(a, nprocs, nprocs)      # a bad plan fails here, once, before any rank starts
         out = a.out or _default_out()
         if os.path.exists(out) and not a.force:
             raise ValueError(f"{out} exists: commbench never overwrites results (use --force or another --out)")
@@ -147,8 +179,10 @@ def cmd_run(a, argv) -> int:
     if a.nprocs is not None and a.nprocs != info.world_size:
         raise ValueError(f"--nprocs {a.nprocs} but the launcher started {info.world_size} ranks")
     from commbench import console, sweep
+    plan = _run_plan(a, info.world_size, info.local_world_size)
     reporter = console.Reporter(quiet=a.quiet, to_stderr=a.json or a.csv) if info.rank == 0 else None
-    result, wrong = sweep.run(config, info, ["commbench", *argv], a.out or _default_out(), a.force, reporter)
+    result, wrong = sweep.run(config, info, ["commbench", *argv], a.out or _default_out(), a.force, reporter,
+                              plan=plan, isolated=a.isolated)
     if result is not None:
         if a.json:
             print(json.dumps(result.to_json()))
@@ -223,6 +257,40 @@ def cmd_env(a) -> int:
     return EXIT_OK
 
 
+def cmd_models(a) -> int:
+    from commbench import models
+    rows = [m.to_dict() for m in models.CATALOGUE.values()]
+    if a.json:
+        print(json.dumps({"models": rows}))
+        return EXIT_OK
+    from rich.console import Console
+    from rich.table import Table
+    t = Table(title="model catalogue (parameter counts computed from the configuration)")
+    for col in ("name", "arch", "layers", "hidden", "heads", "kv heads", "ffn", "vocab", "seq", "params"):
+        t.add_column(col, justify="left" if col in ("name", "arch") else "right")
+    for m in rows:
+        n = m["num_params"]
+        t.add_row(m["name"], m["arch"], str(m["num_layers"]), str(m["hidden"]), str(m["heads"]), str(m["kv_heads"]),
+                  str(m["ffn_hidden"]), str(m["vocab"]), str(m["seq"]),
+                  f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M")
+    Console(width=200).print(t)
+    return EXIT_OK
+
+
+def cmd_plan(a) -> int:
+    from commbench import plan as plan_mod
+    model, par = planflags.from_args(a)
+    workload = plan_mod.build(model, par)
+    if a.json:
+        print(json.dumps(workload.to_dict()))
+        return EXIT_OK
+    from rich.console import Console
+    from commbench import console
+    con = Console(width=200)
+    console.print_plan(workload, par, con)
+    return EXIT_OK
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
@@ -231,6 +299,10 @@ def main(argv=None) -> int:
             return cmd_run(a, list(argv))
         if a.verb == "show":
             return cmd_show(a)
+        if a.verb == "models":
+            return cmd_models(a)
+        if a.verb == "plan":
+            return cmd_plan(a)
         return cmd_env(a)
     except (UsageError, ValueError) as e:
         print(f"commbench: error: {e}" if not str(e).startswith("commbench") else str(e), file=sys.stderr)

@@ -114,3 +114,44 @@ class Reporter:
         if self.progress:
             self.progress.stop()
         self._flush()
+
+
+def _bytes(n: float) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def print_plan(workload, par, console: Console):
+    """The per-step CommOps of a plan (identical ops folded into one row) and the
+    per-rank volume per axis, intra- and inter-node."""
+    m = workload.model
+    console.print(f"{m['name']} ({m['num_params'] / 1e9:.2f}B params) on {par.world} GPUs "
+                  f"({par.num_nodes} nodes x {par.gpus_per_node}): dp {par.dp} x tp {par.tp} x pp {par.pp}, "
+                  f"zero {par.zero}{' +sp' if par.sp else ''}, micro-batch {par.micro_batch}, "
+                  f"global batch {par.global_batch} ({par.num_microbatches} micro-batches per step), "
+                  f"seq {workload.parallelism['seq'] or m['seq']}, {par.dtype}")
+    folded = {}
+    for c in workload.comm_ops:
+        key = (c.stage, c.strategy, c.axis, c.collective, c.phase, c.nbytes, c.group_size, c.num_nodes, c.overlap)
+        entry = folded.setdefault(key, [0, 0, c.label])
+        entry[0] += c.count
+        entry[1] += 1
+    t = Table(title="collectives per optimizer step, per rank", title_justify="left")
+    for col in ("stage", "strategy", "axis", "collective", "phase", "size", "group", "nodes", "count/step",
+                "overlaps", "ops", "example"):
+        t.add_column(col, justify="right" if col in ("size", "group", "nodes", "count/step", "ops", "stage") else "left")
+    for (stage, strat, axis, coll, phase, nbytes, g, nodes, overlap), (count, ops, label) in folded.items():
+        t.add_row(str(stage), strat, axis, coll, phase, _bytes(nbytes), str(g), str(nodes), str(count), overlap,
+                  str(ops), label)
+    console.print(t)
+    vol = Table(title="bytes each rank sends per step (S x count x busbw factor)", title_justify="left")
+    for col in ("stage", "axis", "intra-node", "inter-node"):
+        vol.add_column(col, justify="left" if col == "axis" else "right")
+    per = {}
+    for (stage, axis, where), v in workload.volume_per_axis().items():
+        per.setdefault((stage, axis), {})[where] = v
+    for (stage, axis), d in sorted(per.items()):
+        vol.add_row(str(stage), axis, _bytes(d.get("intra", 0)), _bytes(d.get("inter", 0)))
+    console.print(vol)

@@ -8,7 +8,7 @@ import numpy as np
 
 from commbench import backends, env, groups, stats, timing
 from commbench.backends.base import Unsupported
-from commbench.collectives.base import num_wrong
+from commbench.collectives.base import Prepared, num_wrong
 from commbench.dtypes import DTYPES
 from commbench.launch import hostname
 from commbench.results import Case, Measurement, ResultFile, ResultWriter
@@ -52,27 +52,68 @@ def skip_reason(backend, coll, dtype, redop, in_place, group_size, root) -> str 
     return None
 
 
+PLAN_DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
+               "fp32": "float32", "float32": "float32"}
+
+
+def plan_cases(workload, par, hosts, isolated=False):
+    """(layout, case) for every distinct collective of a plan's workload, on the
+    plan's real groups: every group of an axis at once (as in training), or only
+    the first one with isolated. Pipeline p2p runs between adjacent stages: pairs
+    (stage 2j, 2j+1) of every pipeline at once."""
+    from commbench.collectives import COLLECTIVES
+    layouts, out, seen = {}, [], set()
+    for c in sorted(workload.comm_ops, key=lambda c: (c.axis, c.collective, c.nbytes)):
+        dtype = PLAN_DTYPES[c.dtype]
+        key = (c.axis, c.collective, c.nbytes, dtype)
+        if key in seen:
+            continue
+        seen.add(key)
+        pairs = c.collective.startswith("send_recv")
+        if (c.axis, pairs) not in layouts:
+            gs = par.groups[c.axis]
+            if pairs:
+                gs = [g[i:i + 2] for g in gs for i in range(0, len(g) - 1, 2)]
+            gs = gs[:1] if isolated else gs
+            node = {h: i for i, h in enumerate(dict.fromkeys(hosts))}
+            span = max(len({node[hosts[r]] for r in g}) for g in gs)
+            layouts[(c.axis, pairs)] = groups.Layout(axis=c.axis, groups=tuple(tuple(g) for g in gs), num_nodes=span)
+        layout = layouts[(c.axis, pairs)]
+        coll = COLLECTIVES[c.collective]
+        itemsize = DTYPES[dtype].itemsize
+        send, recv = coll.counts(c.nbytes, layout.group_size, itemsize)
+        nbytes = coll.size_bytes(send, recv, itemsize, layout.group_size)
+        out.append((layout, (coll, dtype, "sum" if coll.has_redop else None, False, nbytes, send, recv)))
+    return out
+
+
 def measure_case(backend, config, layout, g, hosts, coll, dtype, redop, in_place, nbytes, send, recv):
+    """One case on this rank; g is None where this rank is in no group (it idles,
+    but still takes part in the harness's exchanges)."""
     case_in_place = in_place or coll.name in backend.in_place_only or coll.name == "broadcast"
     params = {"count": recv, "world_size": backend.world_size}
     if redop:
         params["redop"] = redop
     if coll.has_root:
         params["root"] = config.root
+    n = layout.group_size
     case = Case(kind="collective", op=coll.name, backend=backend.name, device=config.device, dtype=dtype,
-                nbytes=nbytes, group_size=g.size, num_nodes=layout.num_nodes, axis=layout.axis,
+                nbytes=nbytes, group_size=n, num_nodes=layout.num_nodes, axis=layout.axis,
                 in_place=case_in_place, concurrent_groups=len(layout.groups), params=params)
-    reason = skip_reason(backend, coll, dtype, redop, case_in_place, g.size, config.root)
+    reason = skip_reason(backend, coll, dtype, redop, case_in_place, n, config.root)
     if reason:
         return Measurement(case=case, status="skipped", skip_reason=reason)
-    prepared = coll.prepare(backend, g, dtype, send, recv, redop, case_in_place, root=config.root)
+    if g is None:
+        prepared = Prepared(op=lambda: None)
+    else:
+        prepared = coll.prepare(backend, g, dtype, send, recv, redop, case_in_place, root=config.root)
     wrong, bad = 0, corrupt_rank()
     for _ in range(config.check_iters):
         prepared.reset(backend, corrupt=bad == backend.rank)
         backend.synchronize()
         prepared.op()
         backend.synchronize()
-        wrong += num_wrong(backend, prepared, dtype, g.size, redop)
+        wrong += num_wrong(backend, prepared, dtype, n, redop)
     per_rank_wrong = backend.control_reduce(_one_hot(backend, wrong), "sum")
     timed = timing.measure(backend, prepared.op, config.timing)
     own_p50 = float(np.median(timed.own_samples_s))
@@ -84,7 +125,7 @@ def measure_case(backend, config, layout, g, hosts, coll, dtype, redop, in_place
     return Measurement(
         case=case, samples_s=timed.samples_s, warmup=config.timing.warmup,
         target_ci=config.timing.target_ci, stats=summary, algbw_gbps=algbw,
-        busbw_gbps=None if algbw is None else algbw * coll.busbw_factor(g.size),
+        busbw_gbps=None if algbw is None else algbw * coll.busbw_factor(n),
         num_wrong=int(per_rank_wrong.sum()), wrong_ranks=[int(r) for r in np.nonzero(per_rank_wrong)[0]],
         rank_time_p50_s=rank_p50, rank_samples_s=rank_samples, slowest_rank=slowest,
         slowest_host=hosts[slowest], warnings=stats.warnings_for(summary, len(timed.samples_s),
@@ -99,9 +140,10 @@ def _one_hot(backend, value) -> np.ndarray:
     return v
 
 
-def run(config, launch, argv, out_path, overwrite=False, reporter=None):
-    """Run the sweep on this rank. Returns (the ResultFile on rank 0, else None;
-    the number of wrong elements over all cases and ranks, on every rank)."""
+def run(config, launch, argv, out_path, overwrite=False, reporter=None, plan=None, isolated=False):
+    """Run the sweep (or, with plan = (model, Parallelism), the plan's collectives)
+    on this rank. Returns (the ResultFile on rank 0, else None; the number of wrong
+    elements over all cases and ranks, on every rank)."""
     backend = backends.create(config.backend, launch, config.device, config.timeout_s,
                               **({"dist_backend": config.dist_backend} if config.backend == "torch" else {}))
     try:
@@ -109,7 +151,13 @@ def run(config, launch, argv, out_path, overwrite=False, reporter=None):
         hosts = [r["host"] for r in ranks]
         run_id, created = backend.control_bcast(
             (uuid.uuid4().hex[:12], datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")))
-        header = env.header(launch, ranks, argv, run_id, created, config.settings())
+        settings = config.settings()
+        workload = None
+        if plan is not None:
+            from commbench import plan as plan_mod
+            workload = plan_mod.build(*plan)
+            settings = dict(settings, plan=workload.to_dict(), isolated=isolated)
+        header = env.header(launch, ranks, argv, run_id, created, settings)
         writer, err = None, None
         if backend.rank == 0:
             try:
@@ -123,15 +171,18 @@ def run(config, launch, argv, out_path, overwrite=False, reporter=None):
             raise ValueError(err)
         result = ResultFile(header=header, measurements=[], path=out_path)
         total_wrong = 0
-        layouts = [groups.build(spec, hosts) for spec in config.layout_list]
-        plan = [(layout, c) for layout in layouts for c in cases(config, layout, layout.group_size)]
+        if workload is not None:
+            todo = plan_cases(workload, plan[1], hosts, isolated)
+        else:
+            layouts = [groups.build(spec, hosts) for spec in config.layout_list]
+            todo = [(layout, c) for layout in layouts for c in cases(config, layout, layout.group_size)]
         if reporter and backend.rank == 0:
-            reporter.start(len(plan))
-        current = None
-        for layout, c in plan:
-            if current is not layout:
-                g = backend.new_groups(layout.groups)
-                current = layout
+            reporter.start(len(todo))
+        made = {}
+        for layout, c in todo:
+            if layout.groups not in made:
+                made[layout.groups] = backend.new_groups(layout.groups)
+            g = made[layout.groups]
             m = measure_case(backend, config, layout, g, hosts, *c)
             total_wrong += m.num_wrong
             if backend.rank == 0:

@@ -52,14 +52,15 @@ class Workload:
                 "compute_ops": [c.to_dict() for c in self.compute_ops]}
 
     def volume_per_axis(self) -> dict:
-        """Bytes each rank sends per step, per axis: S x count x the busbw factor
-        (the fraction of S that crosses a link), split intra/inter node."""
+        """Bytes a rank of each pipeline stage sends per step, per axis: S x count x
+        the busbw factor (the fraction of S that crosses a link), split intra/inter
+        node. Keys: (stage, axis, 'intra' | 'inter')."""
         from commbench.collectives import COLLECTIVES
         out = {}
         for c in self.comm_ops:
             name = c.collective
             factor = COLLECTIVES[name].busbw_factor(c.group_size) if name in COLLECTIVES else 1.0
             where = "inter" if c.num_nodes > 1 else "intra"
-            key = (c.axis, where)
+            key = (c.stage, c.axis, where)
             out[key] = out.get(key, 0.0) + c.nbytes * c.count * factor
         return out

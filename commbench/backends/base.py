@@ -37,7 +37,7 @@ class Backend:
 
     def new_groups(self, groups) -> Group:
         """Create every group of a layout (a collective call over the world);
-        return the one this rank belongs to."""
+        return the one this rank belongs to, or None if it is in none (it idles)."""
         raise NotImplementedError
 
     def close(self):

@@ -36,6 +36,8 @@ class CupyNcclBackend(Backend):
 
     def new_groups(self, groups):
         mpi_group = self.mpi.new_groups(groups)
+        if mpi_group is None:
+            return None
         comm = mpi_group.handle
         uid = comm.bcast(self.nccl.get_unique_id() if comm.rank == 0 else None, root=0)
         nc = self.nccl.NcclCommunicator(comm.size, uid, comm.rank)

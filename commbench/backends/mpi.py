@@ -73,10 +73,14 @@ class MPIBackend(Backend):
 
     def new_groups(self, groups):
         groups = [tuple(g) for g in groups]
-        color = next(i for i, g in enumerate(groups) if self.rank in g)
-        comm = self.comm if len(groups) == 1 else self.comm.Split(color, self.rank)
-        mine = groups[color]
-        return Group(ranks=mine, rank=comm.rank, handle=comm)
+        color = next((i for i, g in enumerate(groups) if self.rank in g), None)
+        if len(groups) == 1 and color == 0 and len(groups[0]) == self.world_size:
+            comm = self.comm
+        else:
+            comm = self.comm.Split(self.MPI.UNDEFINED if color is None else color, self.rank)
+        if color is None:
+            return None
+        return Group(ranks=groups[color], rank=comm.rank, handle=comm)
 
     def check_supported(self, op, dtype, redop, in_place):
         if redop == "avg":

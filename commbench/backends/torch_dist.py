@@ -56,12 +56,14 @@ class TorchBackend(Backend):
 
     def new_groups(self, groups):
         groups = [tuple(g) for g in groups]
-        mine = next(g for g in groups if self.rank in g)
-        if len(groups) == 1 and len(mine) == self.world_size:
+        mine = next((g for g in groups if self.rank in g), None)
+        if mine is not None and len(groups) == 1 and len(mine) == self.world_size:
             handle = self.dist.group.WORLD
         else:
             handle, _ = self.dist.new_subgroups_by_enumeration([list(g) for g in groups],
                                                                timeout=datetime.timedelta(seconds=self.timeout_s))
+        if mine is None:
+            return None
         return Group(ranks=mine, rank=mine.index(self.rank), handle=handle)
 
     def close(self):

@@ -1,0 +1,74 @@
+"""ModelSpec + Parallelism -> Workload: the CommOps that one optimizer step of
+the plan issues (strategies/), per rank of each pipeline stage."""
+import json
+import os
+from dataclasses import asdict, fields
+
+from commbench import models
+from commbench.parallel import Parallelism
+from commbench.workload import Workload
+
+# plan fields a plan file or the PLAN-FLAGS may set (besides model)
+PLAN_FIELDS = [f.name for f in fields(Parallelism)]
+
+
+def data_parallel_strategy(par: Parallelism):
+    from commbench.strategies import ddp, fsdp, zero
+    return {0: ddp, 1: zero, 2: zero, 3: fsdp}[par.zero]
+
+
+def comm_ops(model, par: Parallelism) -> list:
+    from commbench.strategies import pp, tp
+    ops = []
+    if par.dp > 1:
+        ops += data_parallel_strategy(par).comm_ops(model, par)
+    if par.tp > 1:
+        ops += tp.comm_ops(model, par)
+    if par.pp > 1:
+        ops += pp.comm_ops(model, par)
+    return ops
+
+
+def build(model, par: Parallelism) -> Workload:
+    par.check_model(model)
+    return Workload(model=model.to_dict(), parallelism=dict(asdict(par), num_microbatches=par.num_microbatches,
+                                                            num_nodes=par.num_nodes),
+                    comm_ops=comm_ops(model, par))
+
+
+def load_plan_file(path: str) -> dict:
+    """A plan file: JSON or YAML mapping with 'model' (a catalogue name or a model
+    file) and Parallelism fields."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise ValueError(f"cannot read plan file {path}: {e.strerror}") from None
+    try:
+        if path.endswith((".yaml", ".yml")):
+            import yaml
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text)
+    except Exception:
+        raise ValueError(f"plan file {path} is not valid JSON/YAML") from None
+    if not isinstance(data, dict) or "model" not in data:
+        raise ValueError(f"plan file {path}: expected a mapping with 'model' and plan fields")
+    unknown = sorted(set(data) - set(PLAN_FIELDS) - {"model"})
+    if unknown:
+        raise ValueError(f"plan file {path}: unknown field(s) {', '.join(unknown)}")
+    if isinstance(data["model"], str) and not os.path.isabs(data["model"]) and data["model"] not in models.CATALOGUE:
+        data["model"] = os.path.join(os.path.dirname(path), data["model"])
+    return data
+
+
+def from_mapping(data: dict):
+    """(ModelSpec, Parallelism) from a plan mapping; ValueError names what is wrong."""
+    model = models.get(data["model"]) if isinstance(data["model"], str) else models.ModelSpec(**data["model"])
+    kwargs = {k: v for k, v in data.items() if k != "model" and v is not None}
+    try:
+        par = Parallelism(**kwargs)
+    except TypeError as e:
+        raise ValueError(f"bad plan: {e}") from None
+    par.check_model(model)
+    return model, par
