@@ -8,9 +8,10 @@ Parameter counts are computed from the configuration (never typed in):
 - Llama (RoPE, RMSNorm without bias, SwiGLU MLP, grouped-query attention, no
   biases, untied output layer): per layer 2 h^2 + 2 h (kv_heads * head_dim)
   (Q, O and K, V) + 3 h f (gate, up, down) + 2h (two RMSNorms)."""
-import json
 import os
 from dataclasses import asdict, dataclass, fields
+
+from commbench import mapping_file
 
 
 @dataclass(frozen=True)
@@ -121,21 +122,7 @@ CATALOGUE = {m.name: m for m in [
 
 def load_file(path: str) -> ModelSpec:
     """A user model file: JSON or YAML with ModelSpec's fields."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as e:
-        raise ValueError(f"cannot read model file {path}: {e.strerror}") from None
-    try:
-        if path.endswith((".yaml", ".yml")):
-            import yaml
-            data = yaml.safe_load(text)
-        else:
-            data = json.loads(text)
-    except Exception:
-        raise ValueError(f"model file {path} is not valid {'YAML' if path.endswith(('.yaml', '.yml')) else 'JSON'}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"model file {path}: expected a mapping of ModelSpec fields")
+    data = mapping_file.load(path, "model")
     known = {f.name for f in fields(ModelSpec)}
     unknown = sorted(set(data) - known - {"num_params"})
     if unknown:

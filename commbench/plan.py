@@ -1,10 +1,9 @@
 """ModelSpec + Parallelism -> Workload: the CommOps that one optimizer step of
 the plan issues (strategies/), per rank of each pipeline stage."""
-import json
 import os
 from dataclasses import asdict, fields
 
-from commbench import models
+from commbench import mapping_file, models
 from commbench.parallel import Parallelism
 from commbench.workload import Workload
 
@@ -39,20 +38,8 @@ def build(model, par: Parallelism) -> Workload:
 def load_plan_file(path: str) -> dict:
     """A plan file: JSON or YAML mapping with 'model' (a catalogue name or a model
     file) and Parallelism fields."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as e:
-        raise ValueError(f"cannot read plan file {path}: {e.strerror}") from None
-    try:
-        if path.endswith((".yaml", ".yml")):
-            import yaml
-            data = yaml.safe_load(text)
-        else:
-            data = json.loads(text)
-    except Exception:
-        raise ValueError(f"plan file {path} is not valid JSON/YAML") from None
-    if not isinstance(data, dict) or "model" not in data:
+    data = mapping_file.load(path, "plan")
+    if "model" not in data:
         raise ValueError(f"plan file {path}: expected a mapping with 'model' and plan fields")
     unknown = sorted(set(data) - set(PLAN_FIELDS) - {"model"})
     if unknown:

@@ -1,0 +1,62 @@
+"""`commbench plan` and `commbench run --plan`: the plan's collectives measured
+on the plan's real groups, every group of an axis at once."""
+import json
+
+from commbench import models, plan as plan_mod, results
+from commbench.parallel import Parallelism
+from conftest import FAST, commbench, mpiexec
+
+
+def test_plan_json_is_the_workload():
+    p = commbench("plan", "--model", "gpt3-13b", "--world", "512", "--gpus-per-node", "4", "--tp", "4",
+                  "--pp", "2", "--zero", "1", "--micro-batch", "1", "--global-batch", "1024", "--seq", "2048",
+                  "--json")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["model"]["name"] == "gpt3-13b" and doc["parallelism"]["dp"] == 64
+    assert doc["parallelism"]["num_microbatches"] == 16
+    for op in doc["comm_ops"]:
+        assert set(op) >= {"collective", "axis", "group_size", "num_nodes", "nbytes", "count", "phase"}
+        assert op["group_size"] == {"dp": 64, "tp": 4, "pp": 2}[op["axis"]] or op["collective"] == "send_recv"
+    assert {op["axis"] for op in doc["comm_ops"]} == {"dp", "tp", "pp"}
+    # tp stays inside a node of 4, dp spans 64 nodes x ... (ranks tp-strided), pp crosses nodes
+    spans = {op["axis"]: op["num_nodes"] for op in doc["comm_ops"] if op["collective"] != "send_recv"}
+    assert spans["tp"] == 1 and spans["dp"] == 64
+    table = commbench("plan", "--model", "gpt3-13b", "--world", "512", "--gpus-per-node", "4", "--tp", "4",
+                      "--pp", "2", "--zero", "1", "--global-batch", "1024")
+    assert table.returncode == 0 and "inter-node" in table.stdout and "dp" in table.stdout
+
+
+def test_a_bad_plan_exits_2_naming_the_rule():
+    p = commbench("plan", "--model", "gpt3-13b", "--world", "16", "--tp", "2", "--pp", "2", "--dp", "3")
+    assert p.returncode == 2
+    assert p.stderr.strip().count("\n") == 0 and "tp*pp*dp = 12 but world size is 16" in p.stderr
+    p = commbench("plan", "--model", "nosuch", "--world", "8")
+    assert p.returncode == 2 and "unknown model 'nosuch'" in p.stderr
+
+
+def test_run_plan_tp2_dp2_on_4_ranks_carries_axes_and_sizes(tmp_path):
+    out = tmp_path / "plan.jsonl"
+    args = ["run", "--backend", "mpi", "--model", "tiny-gpt", "--tp", "2", "--micro-batch", "2",
+            "--global-batch", "4", "-d", "fp32", *FAST, "--out", out]
+    p = commbench(*args, launcher=mpiexec(4), cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    rf = results.load(str(out))
+    model, par = models.get("tiny-gpt"), Parallelism(world=4, gpus_per_node=4, tp=2, micro_batch=2, global_batch=4,
+                                                       dtype="fp32")
+    workload = plan_mod.build(model, par)
+    want = {(c.axis, c.collective, c.nbytes) for c in workload.comm_ops}
+    got = {(m.case.axis, m.case.op, m.case.nbytes) for m in rf.measurements}
+    assert got == want
+    for m in rf.measurements:
+        assert m.status == "ok" and m.num_wrong == 0
+        assert m.case.group_size == 2 and m.case.concurrent_groups == 2   # both groups of the axis at once
+        assert m.case.dtype == "float32"
+    assert rf.header["settings"]["plan"]["parallelism"]["tp"] == 2
+
+
+def test_run_plan_refuses_a_plan_of_another_size(tmp_path):
+    p = commbench("run", "--nprocs", "2", "--model", "tiny-gpt", "--world", "8", *FAST,
+                  "--out", tmp_path / "x.jsonl", cwd=tmp_path)
+    assert p.returncode == 2 and "plan is for 8 GPUs but this job has 2 ranks" in p.stderr
+    assert not (tmp_path / "x.jsonl").exists()
