@@ -43,7 +43,7 @@ Also not modelled: DDP_SET_LAST_BUCKET_CAP=1 (reverses which bucket is small),
 bucket_cap_mb_list, and comm hooks (e.g. fp16 compression)."""
 from commbench.models import ModelSpec
 from commbench.parallel import Parallelism
-from commbench.strategies.common import Param, grad_bytes, op, rank_params
+from commbench.strategies.common import grad_bytes, op, rank_params
 
 MIB = 1024 * 1024                      # torch's _MB_TO_BYTES
 DEFAULT_BUCKET_CAP_MB = 25             # torch's _DEFAULT_BUCKET_CAP_MB
@@ -53,8 +53,7 @@ DEFAULT_FIRST_BUCKET_BYTES = 1 * MIB   # torch.distributed._DEFAULT_FIRST_BUCKET
 def ddp_kwargs(par: Parallelism) -> dict:
     """DistributedDataParallel keyword arguments that make torch bucket as
     comm_ops assumes: bucket_mb == 25 is torch's default (bucket_cap_mb=None)."""
-    return {"bucket_cap_mb": None if par.bucket_mb == DEFAULT_BUCKET_CAP_MB else par.bucket_mb,
-            "broadcast_buffers": False}
+    return {"bucket_cap_mb": None if par.bucket_mb == DEFAULT_BUCKET_CAP_MB else par.bucket_mb}
 
 
 def bucket_limits(par: Parallelism) -> tuple[int, int]:
@@ -124,4 +123,3 @@ def comm_ops(model: ModelSpec, par: Parallelism) -> list:
     return gradient_allreduces(model, par, "ddp")
 
 
-__all__ = ["comm_ops", "buckets", "ddp_kwargs", "Param"]
