@@ -36,10 +36,26 @@ def _worker(rank, world, port, fn, args, queue):
         queue.put((rank, None, traceback.format_exc()))
 
 
+_CTX = None
+
+
+def _context():
+    """A forkserver that has imported torch, its profiler and the model builder
+    once: each rank forks from it instead of paying those imports (seconds per
+    rank, mostly the profiler's) again, and forks from a process that never ran
+    a torch kernel (no OpenMP pool to inherit)."""
+    global _CTX
+    if _CTX is None:
+        _CTX = mp.get_context("forkserver")
+        _CTX.set_forkserver_preload(["torch", "torch.distributed", "torch.profiler", "torch._dynamo",
+                                     "commbench.torch_model", "traffic"])
+    return _CTX
+
+
 def record(fn, world: int, *args, timeout_s: float = 180.0) -> list:
     """Per rank, the list of (event name, input shapes) recorded while the callable
     that fn(rank, world, *args) returned ran. fn must be a module-level function."""
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     queue = ctx.Queue()
     port = _free_port()
     procs = [ctx.Process(target=_worker, args=(r, world, port, fn, args, queue)) for r in range(world)]
