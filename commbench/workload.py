@@ -17,6 +17,8 @@ class CommOp:
     strategy: str = ""       # ddp | zero1 | zero2 | fsdp | tp | pp
     label: str = ""          # e.g. "bucket 3/7", "attn out fwd"
     stage: int = 0           # pipeline stage whose ranks issue it
+    peer: int = -1           # send_recv: the other stage; -1 otherwise
+    direction: str = ""      # send_recv: send | recv (seen from `stage`)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -58,6 +60,8 @@ class Workload:
         from commbench.collectives import COLLECTIVES
         out = {}
         for c in self.comm_ops:
+            if c.direction == "recv":       # the peer's send: counted once, on its side
+                continue
             name = c.collective
             factor = COLLECTIVES[name].busbw_factor(c.group_size) if name in COLLECTIVES else 1.0
             where = "inter" if c.num_nodes > 1 else "intra"

@@ -65,7 +65,8 @@ def _p2p(par: Parallelism, stage: int, peer: int, phase: str, kind: str, nbytes:
     prep = "to" if kind == "send" else "from"
     return CommOp(collective="send_recv", axis="pp", group_size=2, num_nodes=_pair_nodes(par, stage, peer),
                   nbytes=int(nbytes), count=int(count), phase=phase, overlap="none", dtype=par.dtype,
-                  strategy=STRATEGY, label=f"{phase} {kind} {prep} stage {peer}{note}", stage=stage)
+                  strategy=STRATEGY, label=f"{phase} {kind} {prep} stage {peer}{note}", stage=stage,
+                  peer=peer, direction=kind)
 
 
 def comm_ops(model: ModelSpec, par: Parallelism) -> list:
