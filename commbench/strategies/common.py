@@ -16,8 +16,8 @@ class Param:
 
 
 def stage_layers(model: ModelSpec, par: Parallelism, stage: int) -> range:
-    """Layers of pipeline stage `stage` (contiguous, equal split; with interleaving
-    use chunk_layers)."""
+    """Layers of pipeline stage `stage`: a contiguous, equal split. (With
+    interleaving a rank holds v chunks of L/(p v) layers; the count is the same.)"""
     per = model.num_layers // par.pp
     return range(stage * per, (stage + 1) * per)
 
