@@ -60,3 +60,14 @@ def test_run_plan_refuses_a_plan_of_another_size(tmp_path):
                   "--out", tmp_path / "x.jsonl", cwd=tmp_path)
     assert p.returncode == 2 and "plan is for 8 GPUs but this job has 2 ranks" in p.stderr
     assert not (tmp_path / "x.jsonl").exists()
+
+
+def test_run_plan_isolated_runs_one_group_of_each_axis(tmp_path):
+    out = tmp_path / "iso.jsonl"
+    p = commbench("run", "--backend", "mpi", "--model", "tiny-gpt", "--dp", "2", "--tp", "2", "-d", "fp32",
+                  "--isolated", *FAST, "--out", out, launcher=mpiexec(4), cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    rf = results.load(str(out))
+    assert rf.measurements and all(m.case.concurrent_groups == 1 and m.num_wrong == 0 for m in rf.measurements)
+    assert {m.case.axis for m in rf.measurements} == {"dp", "tp"}
+    assert rf.header["settings"]["isolated"] is True
