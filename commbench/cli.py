@@ -105,6 +105,8 @@ def _device(name: str, backend: str) -> str:
         raise ValueError(f"unknown device {name!r}: choose cpu, cuda or auto")
     if backend == "cupy":
         return "cuda"
+    if backend == "mpi":      # host buffers unless asked: device buffers need a CUDA-aware MPI
+        return "cpu"
     import torch
     return "cuda" if torch.cuda.is_available() else "cpu"
 

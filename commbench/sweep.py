@@ -10,7 +10,6 @@ from commbench import backends, env, groups, stats, timing
 from commbench.backends.base import Unsupported
 from commbench.collectives.base import Prepared, num_wrong
 from commbench.dtypes import DTYPES
-from commbench.launch import hostname
 from commbench.results import Case, Measurement, ResultFile, ResultWriter
 
 

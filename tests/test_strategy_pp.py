@@ -8,7 +8,6 @@ import os
 import re
 from collections import Counter
 
-import pytest
 
 from commbench import models
 from commbench.models import ModelSpec
