@@ -56,7 +56,7 @@ from commbench.strategies import ddp, pp, tp
 from commbench.strategies.common import grad_bytes, rank_params
 from traffic import gloo_ops, record
 
-from test_strategy_pp import _loss, _stage_module, p2p_table
+from test_strategy_pp import _loss, _stage_module, log_p2p_ops, p2p_table
 from test_strategy_tp import MARKER, _tp_plan, issued, per_phase
 
 TPDP = dict(world=4, gpus_per_node=4, tp=2, dp=2, zero=0, micro_batch=2, global_batch=4, dtype="fp32")
@@ -188,19 +188,7 @@ def pp_dp_step(rank, world, bucket_mb, logdir):
     mod = DDP(_stage_module(spec, pp_i, par.pp), process_group=dp_group, **ddp.ddp_kwargs(par))
     stage = PipelineStage(mod, pp_i, par.pp, torch.device("cpu"), group=pp_group)
     log = []
-
-    def wrap(phase, kind):
-        name = f"get_{phase}_{kind}_ops"
-        orig = getattr(stage, name)
-
-        def logged(*a, **k):
-            ops = orig(*a, **k)
-            log.extend((phase, kind, o.peer, o.tensor.numel()) for o in ops)
-            return ops
-        setattr(stage, name, logged)
-    for phase in ("fwd", "bwd"):
-        for kind in ("send", "recv"):
-            wrap(phase, kind)
+    log_p2p_ops(stage, log)
     m = par.num_microbatches
     sched = Schedule1F1B(stage, m, loss_fn=_loss)
     gen = torch.Generator().manual_seed(1 + dp_i)              # same batch along a pipeline

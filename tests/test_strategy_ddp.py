@@ -16,9 +16,8 @@ from commbench import models
 from commbench.parallel import Parallelism
 from commbench.strategies import ddp
 from commbench.strategies.common import rank_params
-from traffic import record
+from traffic import MARKER, marked, record
 
-MARKER = "c10d::commbench_marker"
 C10D_KIND = {"c10d::allreduce_": "all_reduce", "c10d::broadcast_": "broadcast",
              "c10d::_allgather_base_": "all_gather", "c10d::_reduce_scatter_base_": "reduce_scatter"}
 GLOO_THREADS = 2        # ProcessGroupGloo's default worker threads (_Options()._threads)
@@ -185,7 +184,6 @@ def ddp_steps(rank, world):
     """Module-level (spawned ranks import it): builds every configuration of this
     world size, runs two warm-up steps of each, returns the recorded step."""
     from torch.nn.parallel import DistributedDataParallel as DDP
-    from torch.profiler import record_function
     from commbench import torch_model
     steps = []
     for name, bucket_mb, m in CONFIGS[world]:
@@ -208,11 +206,7 @@ def ddp_steps(rank, world):
         step()
         steps.append(step)
 
-    def recorded():
-        for i, step in enumerate(steps):
-            with record_function(f"{MARKER} {i}"):
-                step()
-    return recorded
+    return marked(steps)
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=["world2", "world4"])

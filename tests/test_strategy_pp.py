@@ -198,6 +198,20 @@ def _loss(logits, target):
     return F.cross_entropy(logits.flatten(0, 1), target.flatten())
 
 
+def log_p2p_ops(stage, log: list):
+    """Make a PipelineStage append (phase, kind, peer, numel) to log for every p2p op
+    it builds: the profiler's c10d::send / c10d::recv_ events carry no peer."""
+    for phase in ("fwd", "bwd"):
+        for kind in ("send", "recv"):
+            orig = getattr(stage, f"get_{phase}_{kind}_ops")
+
+            def logged(*a, _orig=orig, _phase=phase, _kind=kind, **k):
+                ops = _orig(*a, **k)
+                log.extend((_phase, _kind, o.peer, o.tensor.numel()) for o in ops)
+                return ops
+            setattr(stage, f"get_{phase}_{kind}_ops", logged)
+
+
 def _pipeline_step(rank, world, name, schedule, v, logdir):
     import torch
     import torch.distributed as dist
@@ -207,20 +221,8 @@ def _pipeline_step(rank, world, name, schedule, v, logdir):
     mods = [_stage_module(spec, c * world + rank, nvirt) for c in range(v)]
     stages = [PipelineStage(mod, c * world + rank, nvirt, torch.device("cpu")) for c, mod in enumerate(mods)]
     log = []
-
-    def wrap(stage, phase, kind):
-        name = f"get_{phase}_{kind}_ops"
-        orig = getattr(stage, name)
-
-        def logged(*a, **k):
-            ops = orig(*a, **k)
-            log.extend((phase, kind, o.peer, o.tensor.numel()) for o in ops)
-            return ops
-        setattr(stage, name, logged)
     for st in stages:
-        for phase in ("fwd", "bwd"):
-            for kind in ("send", "recv"):
-                wrap(st, phase, kind)
+        log_p2p_ops(st, log)
     if schedule == "interleaved":
         sched = ScheduleInterleaved1F1B(stages, M, loss_fn=_loss)
     else:

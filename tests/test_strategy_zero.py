@@ -19,8 +19,8 @@ from commbench.models import ModelSpec
 from commbench.parallel import Parallelism
 from commbench.strategies import zero
 from commbench.strategies.common import rank_params
-from test_strategy_ddp import MARKER, assert_same_ops, expected, issued
-from traffic import record
+from test_strategy_ddp import assert_same_ops, expected, issued
+from traffic import marked, record
 
 
 # --- torch, zero = 1 by hand ------------------------------------------------------------------
@@ -180,7 +180,6 @@ def zero_steps(rank, world):
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.optim import ZeroRedundancyOptimizer
     from torch.nn.parallel import DistributedDataParallel as DDP
-    from torch.profiler import record_function
     from commbench import torch_model
     from commbench.strategies import ddp
     steps = []
@@ -209,11 +208,7 @@ def zero_steps(rank, world):
         step()
         steps.append(step)
 
-    def recorded():
-        for i, step in enumerate(steps):
-            with record_function(f"{MARKER} {i}"):
-                step()
-    return recorded
+    return marked(steps)
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=["world2", "world4"])

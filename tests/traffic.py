@@ -78,6 +78,21 @@ def record(fn, world: int, *args, timeout_s: float = 180.0) -> list:
     return out
 
 
+MARKER = "c10d::commbench_marker"
+
+
+def marked(steps):
+    """One callable running each step under its own profiler range `MARKER i`
+    (the c10d:: prefix passes record()'s filter): one recording, several cases."""
+    from torch.autograd.profiler import record_function
+
+    def run():
+        for i, step in enumerate(steps):
+            with record_function(f"{MARKER} {i}"):
+                step()
+    return run
+
+
 def gloo_ops(events) -> list:
     """The backend-level operations, as (op, numel of the first input): e.g.
     ('all_reduce', 236928). On gloo a reduce_scatter shows as an all_reduce of
