@@ -89,7 +89,7 @@ def plan_cases(workload, par, hosts, isolated=False):
 def measure_case(backend, config, layout, g, hosts, coll, dtype, redop, in_place, nbytes, send, recv):
     """One case on this rank; g is None where this rank is in no group (it idles,
     but still takes part in the harness's exchanges)."""
-    case_in_place = in_place or coll.name in backend.in_place_only or coll.name == "broadcast"
+    case_in_place = in_place or coll.single_buffer or coll.name in backend.in_place_only
     params = {"count": recv, "world_size": backend.world_size}
     if redop:
         params["redop"] = redop

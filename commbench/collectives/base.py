@@ -73,6 +73,7 @@ class Collective:
     has_redop = False
     has_root = False
     min_group = 1
+    single_buffer = False    # one buffer is input and output on every backend: always in place
 
     def counts(self, nbytes: int, n: int, itemsize: int) -> tuple[int, int]:
         """(send, recv) element counts for a requested size, rounded down to whole

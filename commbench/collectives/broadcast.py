@@ -6,6 +6,7 @@ from commbench.collectives.base import Collective, Prepared, values
 class Broadcast(Collective):
     name = "broadcast"
     has_root = True
+    single_buffer = True
     # busbw = algbw: the root's buffer crosses each link once (pipelined ring)
 
     def prepare(self, backend, g, dtype, send, recv, redop, in_place, root=0):
