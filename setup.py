@@ -5,6 +5,7 @@ setup(
     version="0.1.0",
     description="Collective-communication microbenchmarks and step-time prediction for distributed training",
     packages=find_packages(include=["commbench", "commbench.*"]),
+    package_data={"commbench": ["systems/*.json"]},
     python_requires=">=3.9",
     # GPU clusters bring their own torch (a CUDA build): a range, never a pin.
     install_requires=[
