@@ -38,7 +38,8 @@ def _run_args(p):
     g.add_argument("--in-place", default="no", choices=["no", "yes", "both"],
                    help="out-of-place (default), in-place, or both")
     g.add_argument("-r", "--root", type=int, default=0, help="root rank of broadcast and reduce (default 0)")
-    g.add_argument("--backend", default="torch", help="torch (default), mpi or cupy")
+    g.add_argument("--backend", default="torch", help="torch (default), mpi or cupy; kernels: GPU memory and "
+                                                       "peer-to-peer copy bandwidth (kernels/*.cu)")
     g.add_argument("--dist-backend", default=None, help="torch process group: gloo, nccl or mpi "
                                                          "(default: nccl on cuda, gloo on cpu)")
     g.add_argument("--device", default="auto", help="cpu, cuda, or auto (cuda when a GPU is visible)")
@@ -86,6 +87,32 @@ def build_parser() -> Parser:
     pl = sub.add_parser("plan", help="the collectives one training step of a plan issues")
     planflags.add(pl)
     pl.add_argument("--json", action="store_true", help="print the Workload as one JSON document")
+    c = sub.add_parser("compute", help="time the compute kernels of a plan's training step at its shapes")
+    planflags.add(c, required=False)
+    g = c.add_argument_group("compute timing")
+    g.add_argument("--device", default="auto", help="cpu, cuda, or auto (cuda when a GPU is visible)")
+    g.add_argument("--nprocs", type=int, default=None,
+                   help="without a launcher, spawn this many local ranks, all timing at once (default 1 on cpu, "
+                        "one per GPU)")
+    g.add_argument("-n", "--iters", type=int, default=10, help="minimum timed iterations per kernel (default 10)")
+    g.add_argument("-w", "--warmup", type=int, default=3, help="untimed warmup iterations (default 3)")
+    g.add_argument("--target-ci", type=float, default=0.02,
+                   help="stop when the 95%% CI of the median is within this fraction (default 0.02)")
+    g.add_argument("--max-iters", type=int, default=1000, help="iteration cap per kernel (default 1000)")
+    g.add_argument("--time-budget", type=float, default=1.0, help="seconds per kernel to reach the target CI")
+    g.add_argument("--flush-l2", action="store_true", help="overwrite the last-level cache before each iteration")
+    g.add_argument("--timeout", type=float, default=300.0, help="rendezvous timeout in seconds")
+    g.add_argument("--out", default=None, help="results file (default results/compute-TIMESTAMP.jsonl)")
+    g.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+    g.add_argument("--json", action="store_true", help="print the ops with their times as one JSON document")
+    g.add_argument("-q", "--quiet", action="store_true", help="no progress bar or tables")
+    g = c.add_argument_group("interference (--interference: compute and an all_reduce, alone and at once)")
+    g.add_argument("--interference", action="store_true",
+                   help="measure how much a concurrent all_reduce slows compute and compute the all_reduce")
+    g.add_argument("--nbytes", default="4M", help="all_reduce size, K/M/G suffixes (default 4M)")
+    g.add_argument("--sms", default=None, help="cuda: SM counts of the spin kernel, comma-separated "
+                                               "(default 1/8, 1/4, 1/2 and all of the device's SMs)")
+    g.add_argument("--gemm-size", type=int, default=512, help="cpu: square float32 torch.mm size (default 512)")
     e = sub.add_parser("env", help="print what a run records about the machine")
     e.add_argument("--json", action="store_true", help="one JSON document on stdout")
     e.add_argument("--backend", default="torch", help="backend used to gather the ranks under a launcher")
@@ -128,9 +155,21 @@ def _config(a):
     return dataclasses.replace(config, device=_device(a.device, a.backend))
 
 
-def _default_out() -> str:
+def _default_out(verb: str = "run") -> str:
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return os.path.join("results", f"run-{stamp}-{os.getpid()}.jsonl")
+    return os.path.join("results", f"{verb}-{stamp}-{os.getpid()}.jsonl")
+
+
+def _spawn_self(a, argv, nprocs: int, verb: str, use_mpiexec: bool = False) -> int:
+    """Start nprocs local ranks of this same command, each with the same --out."""
+    from commbench import launch as launch_mod
+    if nprocs < 1:
+        raise ValueError(f"--nprocs must be at least 1, got {nprocs}")
+    out = a.out or _default_out(verb)
+    if os.path.exists(out) and not a.force:
+        raise ValueError(f"{out} exists: commbench never overwrites results (use --force or another --out)")
+    child = list(argv) if a.out is not None else [*argv, "--out", out]
+    return launch_mod.spawn_local(nprocs, child, use_mpiexec=use_mpiexec)
 
 
 def _run_plan(a, world: int, gpus_per_node: int):
@@ -156,6 +195,9 @@ def _run_plan(a, world: int, gpus_per_node: int):
 def cmd_run(a, argv) -> int:
     from commbench import launch as launch_mod
     from commbench.backends import NEEDS_MPIEXEC
+    if a.backend == "kernels":     # memory and p2p copy kernels, not a collective backend
+        from commbench import kernel_bench
+        return kernel_bench.cli(a, list(argv))
     config = _config(a)
     info = launch_mod.detect()
     if info.launcher == "none":
@@ -166,18 +208,8 @@ def cmd_run(a, argv) -> int:
             if config.device == "cuda":
                 import torch
                 nprocs = torch.cuda.device_count()
-        if nprocs < 1:
-            raise ValueError(f"--nprocs must be at least 1, got {nprocs}")
         _run_plan(a, nprocs, nprocs)      # a bad plan fails here, once, before any rank starts
-        out = a.out or _default_out()
-        if os.path.exists(out) and not a.force:
-            raise ValueError(f"{out} exists: commbench never overwrites results (use --force or another --out)")
-        child = [x for x in argv if x != "--force"] if a.out is None else list(argv)
-        if a.out is None:
-            child += ["--out", out]
-        if a.force:
-            child.append("--force")
-        return launch_mod.spawn_local(nprocs, child, use_mpiexec=config.backend in NEEDS_MPIEXEC)
+        return _spawn_self(a, argv, nprocs, "run", use_mpiexec=config.backend in NEEDS_MPIEXEC)
     if a.nprocs is not None and a.nprocs != info.world_size:
         raise ValueError(f"--nprocs {a.nprocs} but the launcher started {info.world_size} ranks")
     from commbench import console, sweep
@@ -195,6 +227,50 @@ def cmd_run(a, argv) -> int:
         elif not a.quiet and not (a.json or a.csv):
             print(f"results: {result.path}")
     return EXIT_WRONG if wrong else EXIT_OK
+
+
+def cmd_compute(a, argv) -> int:
+    """Time the plan's ComputeOps on every rank at once; rank 0 writes and prints."""
+    if a.interference:
+        from commbench import interference
+        return interference.cli(a, argv)
+    from commbench import launch as launch_mod
+    from commbench.timing import TimingSettings
+    device = _device(a.device, "torch")
+    settings = TimingSettings(warmup=a.warmup, iters=a.iters, max_iters=a.max_iters, time_budget_s=a.time_budget,
+                              target_ci=a.target_ci)
+    if settings.iters < 1 or settings.warmup < 0 or settings.max_iters < settings.iters or settings.time_budget_s < 0 \
+            or settings.target_ci < 0:
+        raise ValueError("timing flags: -n >= 1, -w >= 0, --max-iters >= -n, --time-budget >= 0, --target-ci >= 0")
+    info = launch_mod.detect()
+    if info.launcher == "none":
+        nprocs = a.nprocs
+        if nprocs is None:
+            import torch
+            nprocs = torch.cuda.device_count() if device == "cuda" else 1
+        planflags.from_args(a, {"world": nprocs, "gpus_per_node": nprocs})   # a bad plan fails once, here
+        return _spawn_self(a, argv, nprocs, "compute")
+    from commbench import plan as plan_mod
+    from commbench.compute import report, runner
+    model, par = planflags.from_args(a, {"world": info.world_size, "gpus_per_node": info.local_world_size})
+    launch_mod.set_cpu_threads(info, device)
+    ops = plan_mod.build(model, par).compute_ops
+    progress = report.ComputeProgress(a.quiet or a.json) if info.rank == 0 else None
+    if progress:
+        progress.start(0)
+    rf = runner.run(ops, info, device, settings, a.out or _default_out("compute"), a.force,
+                    ["commbench", *argv], flush_l2=a.flush_l2, timeout_s=a.timeout, reporter=progress,
+                    extra_settings={"plan": {"model": model.to_dict(), "parallelism": dataclasses.asdict(par)}})
+    if rf is None:
+        return EXIT_OK
+    progress.finish()
+    matched = runner.match(ops, [rf], device)
+    if a.json:
+        print(json.dumps(report.json_doc(ops, matched)))
+    elif not a.quiet:
+        report.print_tables(ops, matched)
+        print(f"results: {rf.path}")
+    return EXIT_OK
 
 
 def cmd_show(a) -> int:
@@ -305,6 +381,8 @@ def main(argv=None) -> int:
             return cmd_models(a)
         if a.verb == "plan":
             return cmd_plan(a)
+        if a.verb == "compute":
+            return cmd_compute(a, list(argv))
         return cmd_env(a)
     except (UsageError, ValueError) as e:
         print(f"commbench: error: {e}" if not str(e).startswith("commbench") else str(e), file=sys.stderr)

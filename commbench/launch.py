@@ -237,3 +237,15 @@ def _stop(procs, grace_s: float = 5.0):
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
+
+
+def set_cpu_threads(info: LaunchInfo, device: str):
+    """On a CPU, give each of a host's ranks an equal share of its cores for
+    torch's kernels (as torchrun's OMP_NUM_THREADS=1 default intends), unless the
+    user chose with OMP_NUM_THREADS: ranks that oversubscribe the cores time
+    each other's contention, not the kernels. Compute timing and validation
+    call this alike, so their kernels run with the same threads."""
+    if device != "cpu" or os.environ.get("OMP_NUM_THREADS"):
+        return
+    import torch
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, info.local_world_size)))

@@ -1,9 +1,11 @@
 """ModelSpec + Parallelism -> Workload: the CommOps that one optimizer step of
-the plan issues (strategies/), per rank of each pipeline stage."""
+the plan issues (strategies/) and its ComputeOps (compute/ops.py), per rank of
+each pipeline stage."""
 import os
 from dataclasses import asdict, fields
 
 from commbench import mapping_file, models
+from commbench.compute import ops as compute_ops
 from commbench.parallel import Parallelism
 from commbench.workload import Workload
 
@@ -32,7 +34,7 @@ def build(model, par: Parallelism) -> Workload:
     par.check_model(model)
     return Workload(model=model.to_dict(), parallelism=dict(asdict(par), num_microbatches=par.num_microbatches,
                                                             num_nodes=par.num_nodes),
-                    comm_ops=comm_ops(model, par))
+                    comm_ops=comm_ops(model, par), compute_ops=compute_ops.compute_ops(model, par))
 
 
 def load_plan_file(path: str) -> dict:

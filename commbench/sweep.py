@@ -113,10 +113,10 @@ def measure_case(backend, config, layout, g, hosts, coll, dtype, redop, in_place
         prepared.op()
         backend.synchronize()
         wrong += num_wrong(backend, prepared, dtype, n, redop)
-    per_rank_wrong = backend.control_reduce(_one_hot(backend, wrong), "sum")
+    per_rank_wrong = backend.control_reduce(one_hot(backend, wrong), "sum")
     timed = timing.measure(backend, prepared.op, config.timing)
     own_p50 = float(np.median(timed.own_samples_s))
-    rank_p50 = backend.control_reduce(_one_hot(backend, own_p50), "sum").tolist()
+    rank_p50 = backend.control_reduce(one_hot(backend, own_p50), "sum").tolist()
     rank_samples = backend.control_allgather(timed.own_samples_s) if config.keep_rank_samples else None
     summary = stats.summarize(timed.samples_s)
     algbw = coll.algbw_gbps(nbytes, summary["time_p50_s"])
@@ -131,7 +131,7 @@ def measure_case(backend, config, layout, g, hosts, coll, dtype, redop, in_place
                                                                    config.timing.target_ci))
 
 
-def _one_hot(backend, value) -> np.ndarray:
+def one_hot(backend, value) -> np.ndarray:
     """A world-sized vector holding value at this rank: summed over ranks, it is
     every rank's value (an all-gather over the control channel's reduction)."""
     v = np.zeros(backend.world_size)

@@ -26,7 +26,12 @@ class CommOp:
 
 @dataclass(frozen=True)
 class ComputeOp:
-    name: str
+    """One compute kernel of a training step on one rank, at its TP-sharded shape.
+    gemm: C[m,n] = A[m,k] B[k,n] (batch of them); attention: m query tokens, n key
+    tokens, k head dim, batch = micro-batch x local heads; elementwise/optimizer:
+    m elements. flops and nbytes (read + written) are per call; count is calls per
+    optimizer step on one rank of the stage."""
+    name: str                # e.g. "qkv fwd", "qkv dgrad", "attention bwd", "adam"
     kind: str                # gemm | attention | elementwise | optimizer | other
     m: int = 0
     n: int = 0
@@ -34,11 +39,19 @@ class ComputeOp:
     flops: float = 0.0
     nbytes: int = 0
     count: int = 1
-    phase: str = "fwd"
+    phase: str = "fwd"       # fwd | bwd | step
     dtype: str = "bf16"
+    batch: int = 1
+    impl: str = ""           # the timed kernel (compute/): gemm_nt, sdpa_bwd, layernorm_fwd, ...
+    stage: int = -1          # pipeline stage that runs it; -1 = every stage (transformer layers)
+    scope: str = "layer"     # layer | embedding | head | optimizer
+    params: tuple = ()       # further shape facts, (key, value) pairs: kv heads, causal, ...
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        d["bytes"] = d["nbytes"]
+        d["params"] = dict(self.params)
+        return d
 
 
 @dataclass

@@ -1,0 +1,233 @@
+"""ModelSpec + Parallelism -> ComputeOps: the kernels one optimizer step of a
+plan runs on one rank, at its tensor-parallel shard's shapes (Megatron layout:
+fused QKV and gate/up column-parallel, attention output and MLP down row-parallel,
+vocabulary-parallel embedding and logits).
+
+Notation: b micro-batch, s sequence, T = b s tokens, h hidden, a heads, d head
+dim, kv = kv heads x d, f ffn hidden, V vocab, t tensor-parallel size, e bytes
+per element of the plan's dtype, m micro-batches per step, L layers per stage.
+
+FLOPs: a GEMM C[m,n] = A[m,k] B[k,n] is 2 m n k (one multiply and one add per
+term). A Linear's backward is two GEMMs of the forward's FLOPs: the input
+gradient (dgrad) and the weight gradient (wgrad). Attention is counted as
+Megatron counts it for model FLOPs: the full s x s score matrix (QK^T and AV,
+4 b s^2 h / t forward, twice that backward), although a causal flash kernel
+skips the masked half. With these conventions the FLOPs of all GEMM and
+attention ops of a step sum to Megatron's 72 B s L h^2 (1 + s/6h + V/(12 L h))
+for a GPT with 4h MLP and no recompute (tests/test_compute_ops.py checks it).
+
+Bytes: what a kernel must read and write at least once from device memory;
+the derivation is written beside each op."""
+from dataclasses import replace
+
+from commbench.models import ModelSpec
+from commbench.parallel import DTYPE_BYTES, Parallelism
+from commbench.strategies.common import rank_params
+from commbench.workload import ComputeOp
+
+# fp32 master weights, Adam's m and v: read and written once per step (24 B per
+# element), the gradient read once (grad dtype), and for 16-bit training the
+# 16-bit copy of the parameters written (2 B).
+ADAM_STATE_RW_BYTES = 24
+# FLOPs per element of one Adam update (m, v moments, bias corrections, sqrt,
+# division, the update): about 12 by the usual count.
+ADAM_FLOPS_PER_ELEMENT = 12
+
+
+def _gemm(name, m, n, k, count, phase, dtype, e, impl, **kw):
+    """C[m,n] = A[m,k] B[k,n]: 2mnk FLOPs; reads A and B, writes C once."""
+    return ComputeOp(name=name, kind="gemm", m=m, n=n, k=k, flops=2.0 * m * n * k,
+                     nbytes=e * (m * k + k * n + m * n), count=count, phase=phase, dtype=dtype, impl=impl, **kw)
+
+
+def linear(name, tokens, in_dim, out_dim, count, dtype, e, recompute=False, **kw):
+    """A Linear y[T,out] = x[T,in] W[out,in]^T and its backward:
+    fwd   y  = x  W^T     m=T   n=out k=in   (gemm_nt)
+    dgrad dx = dy W       m=T   n=in  k=out  (gemm_nn)
+    wgrad dW = dy^T x     m=out n=in  k=T    (gemm_tn)"""
+    ops = [_gemm(f"{name} fwd", tokens, out_dim, in_dim, count, "fwd", dtype, e, "gemm_nt", **kw),
+           _gemm(f"{name} dgrad", tokens, in_dim, out_dim, count, "bwd", dtype, e, "gemm_nn", **kw),
+           _gemm(f"{name} wgrad", out_dim, in_dim, tokens, count, "bwd", dtype, e, "gemm_tn", **kw)]
+    if recompute:
+        ops.append(replace(ops[0], name=f"{name} fwd (recompute)", phase="bwd"))
+    return ops
+
+
+def _elementwise(name, impl, rows, cols, nbytes, flops, count, phase, dtype, **kw):
+    return ComputeOp(name=name, kind="elementwise", m=rows, n=cols, flops=float(flops), nbytes=int(nbytes),
+                     count=count, phase=phase, dtype=dtype, impl=impl, **kw)
+
+
+def attention_ops(model: ModelSpec, par: Parallelism, count: int) -> list:
+    """Core attention (scaled_dot_product_attention, causal) on the t-th share of
+    the heads: q (b, a/t, s, d), k and v (b, kv heads/t, s, d).
+    fwd FLOPs 2 b (a/t) s^2 d for QK^T + the same for AV = 4 b s^2 h / t;
+    bwd twice the forward (dQ, dK, dV and dS). Bytes (flash: scores never leave
+    on-chip memory): fwd reads q, k, v and writes o; bwd reads q, k, v, o, do and
+    writes dq, dk, dv."""
+    b, s, d, e = par.micro_batch, par.seq_for(model), model.head_dim, DTYPE_BYTES[par.dtype]
+    heads = model.heads // par.tp
+    kv_heads = max(1, model.kv_heads // par.tp)
+    fwd_flops = 4.0 * b * heads * s * s * d
+    q_bytes, kv_bytes = e * b * s * d * heads, e * b * s * d * kv_heads
+    common = dict(m=s, n=s, k=d, batch=b * heads, dtype=par.dtype,
+                  params=(("causal", True), ("heads", heads), ("kv_heads", kv_heads), ("micro_batch", b)))
+    ops = [ComputeOp(name="attention fwd", kind="attention", flops=fwd_flops, nbytes=2 * q_bytes + 2 * kv_bytes,
+                     count=count, phase="fwd", impl="sdpa_fwd", **common),
+           ComputeOp(name="attention bwd", kind="attention", flops=2 * fwd_flops, nbytes=4 * q_bytes + 4 * kv_bytes,
+                     count=count, phase="bwd", impl="sdpa_bwd", **common)]
+    if par.recompute in ("selective", "full"):
+        # selective recompute (Korthikanti et al. 2022) reruns exactly the core attention forward
+        ops.append(replace(ops[0], name="attention fwd (recompute)", phase="bwd"))
+    return ops
+
+
+def _norm_ops(name, model, rows, count, dtype, e, recompute):
+    """LayerNorm (GPT) / RMSNorm (Llama) over h: fwd reads x, writes y (2 T h e);
+    bwd reads dy and x, writes dx (3 T h e); the per-row statistics are negligible.
+    About 8 FLOPs per element forward (mean, variance, normalize, scale, shift)
+    and 12 backward."""
+    h = model.hidden
+    kind = "layernorm" if model.arch == "gpt" else "rmsnorm"
+    ops = [_elementwise(f"{name} fwd", f"{kind}_fwd", rows, h, 2 * e * rows * h, 8 * rows * h, count, "fwd", dtype),
+           _elementwise(f"{name} bwd", f"{kind}_bwd", rows, h, 3 * e * rows * h, 12 * rows * h, count, "bwd", dtype)]
+    if recompute:
+        ops.append(replace(ops[0], name=f"{name} fwd (recompute)", phase="bwd"))
+    return ops
+
+
+def _residual_ops(name, model, rows, count, dtype, e, recompute):
+    """GPT: Megatron's fused bias-dropout-add, out = residual + dropout(x + bias):
+    fwd reads x and the residual, writes out and a 1-byte mask (3 T h e + T h);
+    bwd reads dy and the mask, writes dx (2 T h e + T h); the residual's gradient
+    is dy itself. Llama (no dropout, no bias): out = residual + x, 3 T h e
+    forward; backward sums the two branches' gradients, 3 T h e."""
+    h = model.hidden
+    if model.arch == "gpt":
+        ops = [_elementwise(f"{name} fwd", "dropout_add_fwd", rows, h, 3 * e * rows * h + rows * h, 3 * rows * h,
+                            count, "fwd", dtype),
+               _elementwise(f"{name} bwd", "dropout_add_bwd", rows, h, 2 * e * rows * h + rows * h, rows * h,
+                            count, "bwd", dtype)]
+        fwd = ops[0]
+    else:
+        ops = [_elementwise(f"{name} fwd", "add_fwd", rows, h, 3 * e * rows * h, rows * h, count, "fwd", dtype),
+               _elementwise(f"{name} bwd", "add_bwd", rows, h, 3 * e * rows * h, rows * h, count, "bwd", dtype)]
+    if recompute:
+        fwd = ops[0]
+        ops.append(replace(fwd, name=f"{fwd.name} (recompute)", phase="bwd"))
+    return ops
+
+
+def _activation_ops(model, tokens, f_local, count, dtype, e, recompute):
+    """GPT: GELU on T x f/t: fwd reads x, writes y (2 T f/t e), bwd reads dy, x,
+    writes dx (3); about 8 FLOPs per element (tanh form) forward, 12 backward.
+    Llama: SwiGLU silu(g) * u: fwd reads g and u, writes y (3 T f/t e); bwd reads
+    dy, g, u and writes dg, du (5); about 6 and 10 FLOPs per element."""
+    n = tokens * f_local
+    if model.gated_mlp:
+        ops = [_elementwise("swiglu fwd", "swiglu_fwd", tokens, f_local, 3 * e * n, 6 * n, count, "fwd", dtype),
+               _elementwise("swiglu bwd", "swiglu_bwd", tokens, f_local, 5 * e * n, 10 * n, count, "bwd", dtype)]
+    else:
+        ops = [_elementwise("gelu fwd", "gelu_fwd", tokens, f_local, 2 * e * n, 8 * n, count, "fwd", dtype),
+               _elementwise("gelu bwd", "gelu_bwd", tokens, f_local, 3 * e * n, 12 * n, count, "bwd", dtype)]
+    if recompute:
+        ops.append(replace(ops[0], name=f"{ops[0].name} (recompute)", phase="bwd"))
+    return ops
+
+
+def layer_ops(model: ModelSpec, par: Parallelism, count: int) -> list:
+    """One transformer layer, forward and backward, at the rank's TP shard:
+    count = layers on the stage x micro-batches per step."""
+    t, e, dtype = par.tp, DTYPE_BYTES[par.dtype], par.dtype
+    tokens = par.micro_batch * par.seq_for(model)
+    # with sequence parallelism norms, dropout and residuals run on s/t tokens
+    rows = tokens // t if par.sp else tokens
+    h, f = model.hidden, model.ffn_hidden
+    # kv heads are split over tp, or replicated when there are fewer than tp of them
+    kv = max(1, model.kv_heads // t) * model.head_dim
+    full = par.recompute == "full"
+    ops = _norm_ops("norm1", model, rows, count, dtype, e, full)
+    ops += linear("qkv", tokens, h, h // t + 2 * kv, count, dtype, e, full)
+    if model.arch == "llama":
+        # rotary embedding of the local q and k: fwd reads and writes them
+        # (2 e per element), bwd rotates dq and dk back the same way; 3 FLOPs per element
+        width = h // t + kv
+        n = tokens * width
+        ops.append(_elementwise("rope fwd", "rope_fwd", tokens, width, 2 * e * n, 3 * n, count, "fwd", dtype))
+        ops.append(_elementwise("rope bwd", "rope_bwd", tokens, width, 2 * e * n, 3 * n, count, "bwd", dtype))
+        if full:
+            ops.append(replace(ops[-2], name="rope fwd (recompute)", phase="bwd"))
+    ops += attention_ops(model, par, count)
+    ops += linear("attn out", tokens, h // t, h, count, dtype, e, full)
+    ops += _residual_ops("residual1", model, rows, count, dtype, e, full)
+    ops += _norm_ops("norm2", model, rows, count, dtype, e, full)
+    if model.gated_mlp:
+        ops += linear("mlp gate", tokens, h, f // t, count, dtype, e, full)
+    ops += linear("mlp up", tokens, h, f // t, count, dtype, e, full)
+    ops += _activation_ops(model, tokens, f // t, count, dtype, e, full)
+    ops += linear("mlp down", tokens, f // t, h, count, dtype, e, full)
+    ops += _residual_ops("residual2", model, rows, count, dtype, e, full)
+    return ops
+
+
+def embedding_ops(model: ModelSpec, par: Parallelism, count: int) -> list:
+    """Stage 0: vocabulary-parallel lookup of T tokens in V/t rows of h. fwd reads
+    T rows and writes T x h (2 T h e; GPT adds learned positions: 3 T h e more);
+    bwd zeroes the V/t x h gradient and scatter-adds T rows into it
+    (V/t h e + 3 T h e)."""
+    e, dtype = DTYPE_BYTES[par.dtype], par.dtype
+    tokens, h, vl = par.micro_batch * par.seq_for(model), model.hidden, -(-model.vocab // par.tp)
+    pos = 3 * e * tokens * h if model.arch == "gpt" else 0
+    kw = dict(stage=0, scope="embedding")
+    return [ComputeOp(name="embedding fwd", kind="elementwise", m=tokens, n=h, k=vl, flops=float(tokens * h if pos else 0),
+                      nbytes=2 * e * tokens * h + pos, count=count, phase="fwd", dtype=dtype, impl="embedding_fwd", **kw),
+            ComputeOp(name="embedding bwd", kind="elementwise", m=tokens, n=h, k=vl, flops=float(tokens * h),
+                      nbytes=e * vl * h + 3 * e * tokens * h, count=count, phase="bwd", dtype=dtype,
+                      impl="embedding_bwd", **kw)]
+
+
+def head_ops(model: ModelSpec, par: Parallelism, count: int) -> list:
+    """Last stage: final norm, the vocabulary-parallel logits GEMM (T x h by
+    h x V/t) and the cross-entropy over the local V/t logits. Cross-entropy fwd
+    reads the logits twice (max, then the sum of exponentials) = 2 T V/t e; bwd
+    reads them and writes their gradient (2 T V/t e); about 5 FLOPs per logit
+    each way. (Its max and sum all-reduces over tp are CommOps.)"""
+    e, dtype, last = DTYPE_BYTES[par.dtype], par.dtype, par.pp - 1
+    tokens = par.micro_batch * par.seq_for(model)
+    rows = tokens // par.tp if par.sp else tokens
+    vl = -(-model.vocab // par.tp)          # the vocabulary padded to a multiple of t
+    kw = dict(stage=last, scope="head")
+    norm = _norm_ops("final norm", model, rows, count, dtype, e, False)
+    logits = linear("logits", tokens, model.hidden, vl, count, dtype, e, False)
+    n = tokens * vl
+    ce = [_elementwise("cross entropy fwd", "cross_entropy_fwd", tokens, vl, 2 * e * n, 5 * n, count, "fwd", dtype),
+          _elementwise("cross entropy bwd", "cross_entropy_bwd", tokens, vl, 2 * e * n, 5 * n, count, "bwd", dtype)]
+    return [replace(op, **kw) for op in norm + logits + ce]
+
+
+def optimizer_ops(model: ModelSpec, par: Parallelism) -> list:
+    """Adam over the parameters a rank updates: its TP/PP shard, divided over dp
+    by ZeRO 1-3 (each rank steps its 1/dp share, rounded up). Bytes per element:
+    ADAM_STATE_RW_BYTES (fp32 master, m, v read and written) + the gradient read
+    (grad dtype) + the 16-bit parameter copy written when training in 16 bits."""
+    e, eg = DTYPE_BYTES[par.dtype], DTYPE_BYTES[par.grad_dtype]
+    copy = e if e < 4 else 0
+    ops = []
+    for stage in range(par.pp):
+        numel = sum(p.numel for p in rank_params(model, par, stage))
+        if par.zero >= 1:
+            numel = -(-numel // par.dp)
+        ops.append(ComputeOp(name="adam step", kind="optimizer", m=numel, n=1, flops=float(ADAM_FLOPS_PER_ELEMENT * numel),
+                             nbytes=numel * (ADAM_STATE_RW_BYTES + eg + copy), count=1, phase="step",
+                             dtype=par.dtype, impl="adam", stage=stage, scope="optimizer"))
+    return ops
+
+
+def compute_ops(model: ModelSpec, par: Parallelism) -> list:
+    """Every ComputeOp of one optimizer step, per rank: the layer ops (stage -1:
+    every stage runs L/pp layers), stage 0's embedding, the last stage's head and
+    each stage's optimizer step. Counts are per optimizer step."""
+    m = par.num_microbatches
+    layers = model.num_layers // par.pp
+    return (layer_ops(model, par, layers * m) + embedding_ops(model, par, m) + head_ops(model, par, m)
+            + optimizer_ops(model, par))

@@ -1,0 +1,182 @@
+"""`commbench compute`: time every distinct ComputeOp of a plan on every rank at
+once (a node's shared power, clocks and memory bandwidth are part of what is
+measured), with the timing protocol of the collectives (warmup, adaptive
+repetitions, per-iteration max over ranks; CUDA events on GPUs), and write one
+compute Measurement per distinct kernel and shape as it completes.
+
+Case of a compute measurement: kind "compute", op = the kernel (gemm_nt,
+sdpa_bwd, layernorm_fwd, adam, ...), dtype, device, nbytes = bytes the kernel
+moves, axis "compute", concurrent_groups = ranks timing at once, params = the
+shape (m, n, k, batch, and the op's own shape facts) and its FLOPs."""
+import datetime
+import uuid
+
+import numpy as np
+
+from commbench import env, stats, timing
+from commbench.results import Case, Measurement, ResultFile, ResultWriter
+
+TORCH_DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
+                "fp32": "float32", "float32": "float32"}
+
+
+def case_of(op, device: str, backend_name: str, concurrent: int) -> Case:
+    from commbench.compute import optimizer
+    params = {"m": op.m, "n": op.n, "k": op.k, "batch": op.batch, "flops": op.flops, **dict(op.params)}
+    if op.impl == "adam":
+        params["timed_numel"] = optimizer.timed_numel(op, device)
+    return Case(kind="compute", op=op.impl, backend=backend_name, device=device, dtype=TORCH_DTYPES[op.dtype],
+                nbytes=int(op.nbytes), group_size=1, num_nodes=1, axis="compute", in_place=False,
+                concurrent_groups=concurrent, params=params)
+
+
+def distinct_cases(ops, device, backend_name, concurrent) -> list:
+    """(Case, the first op of that Case) for each distinct kernel and shape, in op order."""
+    seen = {}
+    for op in ops:
+        c = case_of(op, device, backend_name, concurrent)
+        seen.setdefault(c.key(), (c, op))
+    return list(seen.values())
+
+
+def scale(m: Measurement) -> float:
+    """Factor from a measurement's timed call to the op it stands for: an Adam
+    shard timed on fewer elements than it has is scaled by the element ratio
+    (memory-bound, linear); everything else is timed at its full shape."""
+    p = m.case.params
+    return p["m"] / p["timed_numel"] if m.case.op == "adam" and p.get("timed_numel") else 1.0
+
+
+def op_time_s(m: Measurement, field: str = "time_p50_s") -> float:
+    return m.stats[field] * scale(m)
+
+
+class FlushingTimer:
+    """Times each iteration on its own, after overwriting a buffer twice the size
+    of the last-level cache (GPU L2, or COMMBENCH_CPU_CACHE_BYTES / 64 MiB on a
+    CPU), so every call starts with cold caches."""
+
+    def __init__(self, backend, torch, device):
+        self.backend, self.torch, self.device = backend, torch, device
+        if device == "cuda":
+            size = 2 * torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+        else:
+            size = 2 * (64 << 20)
+        self.buf = torch.empty(max(size // 4, 1), dtype=torch.float32, device=device)
+
+    def __getattr__(self, name):
+        return getattr(self.backend, name)
+
+    def time_iterations(self, op, iters):
+        torch, out = self.torch, []
+        for _ in range(iters):
+            self.buf.fill_(1.0)
+            if self.device == "cuda":
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                op()
+                b.record()
+                b.synchronize()
+                out.append(a.elapsed_time(b) * 1e-3)
+            else:
+                out += timing.host_timer(op, 1)
+        return out
+
+
+def measure(backend, timer, case: Case, op, settings, hosts, torch, device) -> Measurement:
+    from commbench.compute import KERNELS
+    from commbench.sweep import one_hot
+    try:
+        call = KERNELS[op.impl](op, backend.torch_device if device == "cuda" else device, getattr(torch, case.dtype))
+        error = None
+    except (RuntimeError, MemoryError) as e:     # e.g. out of memory at this shape
+        call, error = (lambda: None), f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    errors = [e for e in backend.control_allgather(error) if e]
+    if errors:
+        return Measurement(case=case, status="skipped", skip_reason=f"could not set up: {errors[0]}")
+    timed = timing.measure(timer, call, settings)
+    own_p50 = float(np.median(timed.own_samples_s))
+    rank_p50 = backend.control_reduce(one_hot(backend, own_p50), "sum").tolist()
+    summary = stats.summarize(timed.samples_s)
+    slowest = int(np.argmax(rank_p50))
+    m = Measurement(case=case, samples_s=timed.samples_s, warmup=settings.warmup, target_ci=settings.target_ci,
+                    stats=summary, rank_time_p50_s=rank_p50, slowest_rank=slowest, slowest_host=hosts[slowest],
+                    warnings=stats.warnings_for(summary, len(timed.samples_s), settings.target_ci))
+    t = op_time_s(m)
+    m.algbw_gbps = case.nbytes / t / 1e9 if t > 0 else None     # achieved memory bandwidth, GB/s
+    if scale(m) != 1.0:
+        m.warnings.append(f"timed on {case.params['timed_numel']} of {case.params['m']} elements, scaled linearly")
+    return m
+
+
+def run(workload_ops, launch, device, settings, out_path, overwrite, argv, flush_l2=False, timeout_s=300.0,
+        reporter=None, extra_settings=None):
+    """Time the distinct ops on this rank (all ranks at once). Returns the
+    ResultFile on rank 0, None elsewhere."""
+    from commbench import backends
+    backend = backends.create("torch", launch, device, timeout_s)
+    try:
+        import torch
+        ranks = backend.control_allgather(env.rank_info(launch, device))
+        hosts = [r["host"] for r in ranks]
+        run_id, created = backend.control_bcast(
+            (uuid.uuid4().hex[:12], datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")))
+        header = env.header(launch, ranks, argv, run_id, created,
+                            dict(extra_settings or {}, device=device, flush_l2=flush_l2,
+                                 threads_per_rank=torch.get_num_threads(), warmup=settings.warmup,
+                                 iters=settings.iters, max_iters=settings.max_iters,
+                                 time_budget_s=settings.time_budget_s, target_ci=settings.target_ci))
+        writer, err = None, None
+        if backend.rank == 0:
+            try:
+                writer = ResultWriter(out_path, header, overwrite)
+            except FileExistsError:
+                err = f"{out_path} exists: commbench never overwrites results (use --force or another --out)"
+            except OSError as e:
+                err = f"cannot write {out_path}: {e.strerror}"
+        err = backend.control_bcast(err)
+        if err:
+            raise ValueError(err)
+        timer = FlushingTimer(backend, torch, device) if flush_l2 else backend
+        todo = distinct_cases(workload_ops, device, "torch", backend.world_size)
+        result = ResultFile(header=header, measurements=[], path=out_path)
+        if reporter and backend.rank == 0:
+            reporter.start(len(todo))
+        for case, op in todo:
+            m = measure(backend, timer, case, op, settings, hosts, torch, device)
+            if backend.rank == 0:
+                writer.append(m)
+                result.measurements.append(m)
+                if reporter:
+                    reporter.advance(m)
+        if writer:
+            writer.close()
+        return result if backend.rank == 0 else None
+    finally:
+        backend.close()
+
+
+def shape_key(case: Case) -> tuple:
+    """What makes two compute measurements interchangeable: kernel, dtype, device,
+    shape (not the backend label or how many ranks ran at once)."""
+    import json
+    params = {k: v for k, v in case.params.items() if k != "timed_numel"}
+    return case.op, case.dtype, case.device, case.nbytes, json.dumps(params, sort_keys=True)
+
+
+def match(ops, result_files, device: str | None = None) -> dict:
+    """op -> the ok compute Measurement of its kernel and shape (the last one
+    found across the files); ops without one are missing from the dict."""
+    found = {}
+    for rf in result_files:
+        for m in rf.measurements:
+            if m.case.kind == "compute" and m.status == "ok":
+                found[shape_key(m.case)] = m
+    out = {}
+    for op in ops:
+        for dev in ([device] if device else ["cuda", "cpu"]):
+            m = found.get(shape_key(case_of(op, dev, "", 1)))
+            if m is not None:
+                out[op] = m
+                break
+    return out
