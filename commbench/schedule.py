@@ -1,0 +1,437 @@
+"""Event simulation for the predictor: the pipeline schedules (GPipe, 1F1B,
+interleaved 1F1B) as compute ops on each pp rank, one communication stream
+overlapping compute, and the ready times of gradient buckets in a backward.
+
+Pure Python, no torch: the predictor feeds it measured per-chunk compute times
+and modelled p2p / collective times.
+
+Pipeline model (simulate_pipeline)
+----------------------------------
+Chunk c (a virtual stage, c = 0 .. pp*v - 1) lives on rank c % pp (Megatron's
+interleaved assignment; with v = 1 chunk c is stage c). F(c, j) is the forward of
+micro-batch j through chunk c, B(c, j) its backward. Each rank runs its op list
+strictly in order; an op starts when its rank is free and its input has arrived:
+  F(c, j) needs F(c-1, j) + p2p(c-1)            (activation from the chunk before)
+  B(c, j) needs B(c+1, j) + p2p(c) and F(c, j)  (gradient from the chunk after)
+p2p(k) is the transfer over boundary k (chunk k -> k+1 forward, k+1 -> k backward)
+and costs 0 when both chunks sit on one rank (only when pp == 1).
+
+Sends are asynchronous, receives wait: a transfer delays its consumer only, never
+the rank that sends, and transfers do not queue behind each other. That is what
+torch.distributed.pipelining does in GPipe (sends are waited for at the end of
+the forward and of the backward phase, where no compute needs them), in the
+warmup and cooldown of 1F1B (a send is waited for before the next send) and in
+interleaved 1F1B (its
+runtime posts sends and waits for a receive just before the compute that needs
+it). In the steady state of 1F1B, torch (Schedule1F1B) and Megatron both fuse
+the send with the next receive from the same peer in one batched isend/irecv and
+wait on both; those pairs are exchanges (rank i's activation of F(k + w_i) for
+rank i+1's gradient of B(k)), so in a real run both transfers end at the later
+of the two posts + p2p, and the rank that posts last pays the transfer time even
+though its own input had arrived. We leave that out: a variant that charges it
+on every cross-rank input was 1.3 - 2.7 % slower on uniform 1F1B (pp 2 - 8,
+m = 2 pp - 4 pp, p2p = f/4), while for GPipe and interleaved it would charge
+transfers the real runs do not wait for. Megatron's warmup sends are blocking
+and are not modelled either. Transfers use no compute time and do not slow
+compute, and Megatron's optional overlap of p2p with compute in the interleaved
+schedule is not modelled: a receive sits on the critical path of the op that
+needs it.
+
+Makespan of uniform stages (f, b per stage and micro-batch, v = 1):
+  p2p = 0, 1F1B and GPipe: (m + pp - 1)(f + b). The last stage starts its first
+    forward after pp-1 forwards upstream and then never idles (its F and B
+    alternate, each input arriving in time); the first stage ends with the drain
+    of pp-1 backwards downstream. The ideal is m(f + b), so the bubble is
+    (pp-1)(f + b), fraction (pp-1)/m of the ideal.
+  interleaved with chunk times f/v, b/v: m(f + b) + (pp-1)(f + b)/v: the fill and
+    drain are pp-1 chunk-sized slots each way (Narayanan et al. 2021, sec. 2.2),
+    bubble fraction (pp-1)/(v m).
+  p2p = d > 0, GPipe: (m + pp - 1)(f + b) + 2(pp-1)d: every stage of the fill and
+    of the drain adds one transfer (pp-1 hops forward, pp-1 back); in between,
+    transfers of consecutive micro-batches are pipelined (one every f or b).
+  p2p = d > 0, 1F1B: (m + pp - 1)(f + b) + 2(pp - 1)(q + 1)d + 2 max(r - 1, 0)d
+    with m - 1 = q pp + r, 0 <= r < pp; equivalently
+    (m + pp - 1)(f + b) + 2(pp - 1)d + 2 floor((m - 1)(pp - 1)/pp) d.
+    Not just the fill and drain: 1F1B keeps no slack, so transfers recur on the
+    critical path. Rank i runs ... B(k), F(k + pp - i) ... (warmup w_i = pp-i-1),
+    and rank i + K runs F(x + pp - i - K - 1), B(x). So the loop "B(k) on rank i
+    -> F(k + pp - i) on rank i -> K hops down to F(k + pp - i) on rank i + K ->
+    B(k + K + 1) there -> K hops up -> B(k + K + 1) on rank i" has K + 1 F and
+    K + 1 B, the same compute as rank i's own ops from B(k) to B(k + K + 1), plus
+    2K transfers. The deepest loop (rank 0 <-> rank pp-1, K = pp-1) costs 2(pp-1)d
+    per pp micro-batches; the critical path takes the first round trip of
+    micro-batch 0 (2(pp-1)d, as in GPipe), q more full loops, one loop of depth
+    r - 1 for the r micro-batches left over, and ends in rank 0's cooldown. Every
+    loop is compute-tight, so the f + b count stays m + pp - 1 and the formula
+    holds for all f, b, d >= 0. Examples: pp = 2: 2d, 2d, 4d, 4d, 6d for
+    m = 1..5 (m = 1..3 written out by hand in tests/test_schedule.py);
+    pp = 4, m = 8: 16d.
+    As in Megatron's non-interleaved schedule, which never overlaps its p2p, the
+    p2p of 1F1B is exposed about 2(pp-1)/pp d per micro-batch in steady state.
+
+Bubble: bubble_s is the idle time of the critical rank, the busiest one:
+makespan_s - max(busy_s) (first such rank on ties). With uniform stages every
+rank is equally busy and this is the fill + drain time above.
+"""
+from dataclasses import dataclass, field
+from numbers import Real
+from typing import Callable, NamedTuple, Sequence, Union
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+
+TimeSpec = Union[float, Sequence[float]]
+P2PSpec = Union[float, Sequence[float], Callable[[int], float]]
+
+
+class Op(NamedTuple):
+    """One compute op in a rank's timeline (a tuple: compares equal to
+    (start_s, end_s, kind, microbatch, chunk))."""
+    start_s: float
+    end_s: float
+    kind: str          # "F" or "B"
+    microbatch: int
+    chunk: int         # global chunk (virtual stage) index, on rank chunk % pp
+
+
+@dataclass
+class PipelineResult:
+    pp: int
+    num_microbatches: int
+    interleave: int
+    schedule: str
+    makespan_s: float
+    busy_s: list            # per rank: sum of its compute
+    idle_s: list            # per rank: makespan_s - busy_s
+    timelines: list         # per rank: list of Op in execution order
+    critical_rank: int      # the busiest rank (lowest index on ties)
+    bubble_s: float         # idle time of the critical rank: makespan_s - busy_s[critical_rank]
+    last_bwd_end_s: list    # per rank: end of its last backward op
+    last_bwd_s: list = field(default_factory=list)
+    # per rank: {chunk: (start_s, end_s)} of the last backward executed for that
+    # chunk (micro-batch m-1): that chunk's gradients are final at end_s, its DP
+    # buckets become ready inside this interval.
+
+    @property
+    def bubble_fraction(self) -> float:
+        """bubble_s as a fraction of the critical rank's compute (the ideal time)."""
+        busy = self.busy_s[self.critical_rank]
+        return self.bubble_s / busy if busy > 0 else 0.0
+
+
+def _check_int(name: str, v, minimum: int = 1) -> int:
+    if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {v!r}")
+    return v
+
+
+def _check_time(name: str, v) -> float:
+    if not isinstance(v, Real) or isinstance(v, bool) or not (v >= 0) or v == float("inf"):
+        raise ValueError(f"{name} must be a finite time >= 0 s, got {v!r}")
+    return float(v)
+
+
+def _per_chunk(name: str, v: TimeSpec, n: int) -> list:
+    if isinstance(v, Real) and not isinstance(v, bool):
+        return [_check_time(name, v)] * n
+    try:
+        vals = list(v)
+    except TypeError:
+        raise ValueError(f"{name} must be a time in s or a sequence of {n} (one per chunk), got {v!r}") from None
+    if len(vals) != n:
+        raise ValueError(f"{name} has {len(vals)} values but there are {n} chunks (pp x interleave): "
+                         "give one per chunk, or a scalar")
+    return [_check_time(f"{name}[{i}]", x) for i, x in enumerate(vals)]
+
+
+def _p2p_times(p2p_s: P2PSpec, pp: int, n: int) -> list:
+    """Transfer time over each boundary k (chunk k <-> k+1), 0 on one rank."""
+    nb = n - 1
+    if callable(p2p_s):
+        vals = [_check_time(f"p2p_s({k})", p2p_s(k)) for k in range(nb)]
+    elif isinstance(p2p_s, Real) and not isinstance(p2p_s, bool):
+        vals = [_check_time("p2p_s", p2p_s)] * nb
+    else:
+        try:
+            vals = list(p2p_s)
+        except TypeError:
+            raise ValueError(f"p2p_s must be a time in s, a sequence or a callable, got {p2p_s!r}") from None
+        if len(vals) != nb:
+            raise ValueError(f"p2p_s has {len(vals)} values but there are {nb} chunk boundaries "
+                             "(pp x interleave - 1): give one per boundary, or a scalar")
+        vals = [_check_time(f"p2p_s[{k}]", x) for k, x in enumerate(vals)]
+    return [0.0 if k % pp == (k + 1) % pp else t for k, t in enumerate(vals)]
+
+
+def _check_plan(pp, num_microbatches, schedule, interleave) -> tuple:
+    pp = _check_int("pp", pp)
+    m = _check_int("num_microbatches", num_microbatches)
+    v = _check_int("interleave", interleave)
+    if schedule not in SCHEDULES:
+        raise ValueError(f"pipeline schedule {schedule!r}: choose from {', '.join(SCHEDULES)}")
+    if v > 1 and schedule != "interleaved":
+        raise ValueError(f"interleave {v} > 1 needs schedule 'interleaved', got {schedule!r}")
+    if schedule == "interleaved" and m % pp:
+        # Megatron's groups of pp micro-batches per chunk (and its assert)
+        raise ValueError(f"interleaved 1F1B needs the micro-batch count ({m}) to be a multiple of pp ({pp})")
+    return pp, m, v
+
+
+def rank_ops(pp: int, num_microbatches: int, rank: int, schedule: str = "1f1b", interleave: int = 1) -> list:
+    """The compute ops of one rank in execution order: ("F"|"B", microbatch, chunk)."""
+    pp, m, v = _check_plan(pp, num_microbatches, schedule, interleave)
+    r = rank
+    if not isinstance(r, int) or isinstance(r, bool) or not 0 <= r < pp:
+        raise ValueError(f"rank must be an integer in [0, pp) = [0, {pp}), got {r!r}")
+    if schedule == "gpipe":
+        # torch ScheduleGPipe: every forward, then every backward in micro-batch order.
+        return [("F", j, r) for j in range(m)] + [("B", j, r) for j in range(m)]
+    if schedule == "1f1b":
+        # Megatron forward_backward_pipelining_without_interleaving: pp - r - 1
+        # warmup forwards, then steady F(w + i), B(i), then the cooldown backwards.
+        # torch Schedule1F1B warms up with pp - r forwards and then runs B, F
+        # pairs: the same sequence of ops.
+        w = min(pp - r - 1, m)
+        ops = [("F", j, r) for j in range(w)]
+        for i in range(m - w):
+            ops += [("F", w + i, r), ("B", i, r)]
+        return ops + [("B", j, r) for j in range(m - w, m)]
+    # Megatron forward_backward_pipelining_with_interleaving (the group size per
+    # virtual stage is pp, the default microbatch_group_size_per_vp_stage), which
+    # torch ScheduleInterleaved1F1B reproduces for m % pp == 0. Virtual micro-batch
+    # k of the rank runs micro-batch (k // (pp v)) pp + k % pp on local chunk
+    # (k % (pp v)) // pp in forward, v - 1 - that in backward: pp micro-batches
+    # through local chunk 0, the same pp through chunk 1, ..., then the next pp.
+    total = m * v
+    group = pp * v
+
+    def mb(k):
+        return (k // group) * pp + k % pp
+
+    def fwd(k):
+        return ("F", mb(k), ((k % group) // pp) * pp + r)
+
+    def bwd(k):
+        return ("B", mb(k), (v - 1 - (k % group) // pp) * pp + r)
+
+    # Warmup: (pp - r - 1) * 2 + (v - 1) * pp forwards, at most all of them. The
+    # (v - 1) pp let the last rank fill its first v - 1 chunks with one group each
+    # before its first backward (of chunk v-1) can start; each rank upstream needs
+    # two more, one for the extra hop forward and one for the gradient's hop back.
+    w = min((pp - r - 1) * 2 + (v - 1) * pp, total)
+    ops = [fwd(k) for k in range(w)]
+    for i in range(total - w):
+        ops += [fwd(w + i), bwd(i)]
+    return ops + [bwd(k) for k in range(total - w, total)]
+
+
+def simulate_pipeline(pp: int, num_microbatches: int, fwd_s: TimeSpec, bwd_s: TimeSpec, p2p_s: P2PSpec = 0.0,
+                      schedule: str = "1f1b", interleave: int = 1) -> PipelineResult:
+    """Simulate one step of a pipeline schedule; see the module docstring for the model.
+
+    fwd_s / bwd_s: time of one micro-batch's forward / backward through each chunk
+    (a sequence of pp * interleave values, chunk c on rank c % pp) or one scalar for
+    all. p2p_s: one transfer over a chunk boundary: a scalar, a sequence of
+    pp * interleave - 1 values, or a callable boundary k -> seconds (boundary k
+    is between chunk k and k+1, used for the activation and for its gradient)."""
+    pp, m, v = _check_plan(pp, num_microbatches, schedule, interleave)
+    n = pp * v
+    f = _per_chunk("fwd_s", fwd_s, n)
+    b = _per_chunk("bwd_s", bwd_s, n)
+    d = _p2p_times(p2p_s, pp, n)
+
+    ops = [rank_ops(pp, m, r, schedule, v) for r in range(pp)]
+    for r, lst in enumerate(ops):   # a wrong order would deadlock below; say which rule broke
+        for kind in "FB":
+            got = sorted((j, c) for k, j, c in lst if k == kind)
+            want = sorted((j, c) for c in range(r, n, pp) for j in range(m))
+            if got != want:
+                raise AssertionError(f"rank {r}: {kind} ops {got} are not each (micro-batch, chunk) once")
+
+    end = {}                        # (kind, chunk, microbatch) -> end time
+    timelines = [[] for _ in range(pp)]
+    nxt = [0] * pp
+    free = [0.0] * pp
+    remaining = sum(len(lst) for lst in ops)
+    while remaining:
+        progressed = False
+        for r in range(pp):
+            while nxt[r] < len(ops[r]):
+                kind, j, c = ops[r][nxt[r]]
+                if kind == "F":
+                    deps = [] if c == 0 else [(("F", c - 1, j), d[c - 1])]
+                else:
+                    deps = [(("F", c, j), 0.0)] + ([] if c == n - 1 else [(("B", c + 1, j), d[c])])
+                if any(key not in end for key, _ in deps):
+                    break
+                start = max([free[r]] + [end[key] + lag for key, lag in deps])
+                stop = start + (f[c] if kind == "F" else b[c])
+                end[(kind, c, j)] = stop
+                free[r] = stop
+                timelines[r].append(Op(start, stop, kind, j, c))
+                nxt[r] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            stuck = {r: ops[r][nxt[r]] for r in range(pp) if nxt[r] < len(ops[r])}
+            raise AssertionError(f"schedule {schedule} deadlocks; next ops per rank: {stuck}")
+
+    makespan = max(free)
+    busy = [sum(o.end_s - o.start_s for o in tl) for tl in timelines]
+    crit = max(range(pp), key=lambda r: (busy[r], -r))
+    last_bwd = []
+    for tl in timelines:
+        per_chunk = {}
+        for o in tl:
+            if o.kind == "B":
+                per_chunk[o.chunk] = (o.start_s, o.end_s)   # the later one wins: the last executed
+        last_bwd.append(per_chunk)
+    return PipelineResult(
+        pp=pp, num_microbatches=m, interleave=v, schedule=schedule, makespan_s=makespan, busy_s=busy,
+        idle_s=[makespan - x for x in busy], timelines=timelines, critical_rank=crit,
+        bubble_s=makespan - busy[crit], last_bwd_end_s=[max(e for _, e in lb.values()) for lb in last_bwd],
+        last_bwd_s=last_bwd)
+
+
+# --- one communication stream overlapping compute ---------------------------------
+
+@dataclass
+class OverlapResult:
+    finish_s: float         # max(compute_end_s, comm_end_s): when both streams are done
+    compute_end_s: float    # compute's end, later than the input when compute_slowdown > 1
+    comm_end_s: float       # end of the last comm (0 when there are none)
+    exposed_s: float        # max(0, comm_end_s - compute_end_s): what comm adds to the step
+    hidden_s: float         # comm work (nominal s) done before compute ended
+    comm_s: float           # sum of the nominal comm durations
+    intervals: list         # (start_s, end_s) of each comm, in issue order
+
+
+def overlap_comm(compute_end_s: float, comms, comm_slowdown: float = 1.0, compute_slowdown: float = 1.0,
+                 compute_start_s: float = 0.0) -> OverlapResult:
+    """Collectives issued in order on one communication stream (NCCL and gloo run a
+    group's collectives in issue order) next to compute that runs until
+    compute_end_s. comms: (ready_s, duration_s) pairs in issue order.
+
+    Without interference (both slowdowns 1): start_i = max(ready_i, end_{i-1}),
+    end_i = start_i + duration_i; exposed_s = max(0, last end - compute_end_s);
+    hidden_s = the comm work done before compute ends, which is
+    sum(duration) - exposed_s whenever the stream does not sit idle after compute
+    ends (a comm ready only after compute's end leaves its wait exposed, and
+    nothing of it is hidden).
+
+    Interference (a fluid approximation): while both streams are busy, comm
+    progresses at 1/comm_slowdown of its solo rate and compute at
+    1/compute_slowdown of its own; each alone runs at full rate. The factors are
+    the measured slowdowns of a collective under concurrent GEMMs and of GEMMs
+    under a concurrent collective. Compute counts as busy without gaps over
+    [compute_start_s, compute_end_s] (pass the interval that matters, e.g. the
+    rank's last backward; a pipeline rank's idle gaps inside it are not
+    modelled). Ready times inside (compute_start_s, compute_end_s] are points of
+    compute's own unslowed timeline (a bucket is ready when the backward has done
+    that much work), so they move later as compute slows; ready times after
+    compute_end_s are offsets from compute's (moved) end; earlier ones are wall
+    times."""
+    c0 = _check_time("compute_start_s", compute_start_s)
+    c1 = _check_time("compute_end_s", compute_end_s)
+    if c1 < c0:
+        raise ValueError(f"compute_end_s {c1} is before compute_start_s {c0}")
+    for name, x in (("comm_slowdown", comm_slowdown), ("compute_slowdown", compute_slowdown)):
+        if not isinstance(x, Real) or isinstance(x, bool) or not (1 <= x < float("inf")):
+            raise ValueError(f"{name} must be a finite factor >= 1, got {x!r}")
+    pairs = []
+    for i, c in enumerate(comms):
+        try:
+            ready, dur = c
+        except (TypeError, ValueError):
+            raise ValueError(f"comms[{i}] must be a (ready_s, duration_s) pair, got {c!r}") from None
+        pairs.append((_check_time(f"comms[{i}] ready_s", ready), _check_time(f"comms[{i}] duration_s", dur)))
+
+    t, tau = 0.0, c0                    # wall time; compute progress on its unslowed timeline
+    comp_done = c1 <= c0
+    comp_end = c1 if comp_done else None
+    i, running, work, start = 0, False, 0.0, 0.0
+    hidden, intervals = 0.0, []
+    while i < len(pairs):
+        ready, dur = pairs[i]
+        active = t >= c0 and not comp_done
+        if not running:
+            if ready <= c0:
+                ok = t >= ready
+            elif ready <= c1:
+                ok = tau >= ready
+            else:
+                ok = comp_done and t >= comp_end + (ready - c1)
+            if ok:
+                running, work, start = True, dur, t
+                continue
+        comm_rate = 1.0 / comm_slowdown if active else 1.0
+        comp_rate = 1.0 / compute_slowdown if running else 1.0
+        events = []                     # (dt, what)
+        if running:
+            events.append((work / comm_rate, "comm"))
+        elif ready <= c0:
+            events.append((ready - t, "ready"))
+        elif ready <= c1:
+            if active:
+                events.append(((ready - tau) / comp_rate, "ready_tau"))
+        elif comp_done:
+            events.append((comp_end + (ready - c1) - t, "ready"))
+        if not comp_done:
+            events.append((c0 - t, "cstart") if t < c0 else ((c1 - tau) / comp_rate, "cend"))
+        dt, what = min(events)
+        dt = max(dt, 0.0)
+        if active:
+            tau = min(c1, tau + dt * comp_rate)
+        if running:
+            done = dt * comm_rate
+            work -= done
+            if not comp_done:
+                hidden += done
+        t += dt
+        if what == "cstart":
+            t = c0
+        elif what == "cend":
+            tau, comp_done, comp_end = c1, True, t
+        elif what == "ready_tau":
+            tau = ready
+        elif what == "comm":
+            intervals.append((start, t))
+            running, work = False, 0.0
+            i += 1
+    if not comp_done:                   # compute finishes alone
+        comp_end = c1 if t < c0 else t + (c1 - tau)
+    comm_end = intervals[-1][1] if intervals else 0.0
+    total = sum((d for _, d in pairs), 0.0)
+    exposed = max(0.0, comm_end - comp_end)
+    return OverlapResult(finish_s=max(comp_end, comm_end), compute_end_s=comp_end, comm_end_s=comm_end,
+                         exposed_s=exposed, hidden_s=min(hidden, total), comm_s=total, intervals=intervals)
+
+
+# --- gradient buckets in a backward -------------------------------------------------
+
+def backward_ready_times(bwd_start_s: float, bwd_end_s: float, param_fracs) -> list:
+    """Ready time of each gradient bucket inside one backward interval.
+
+    param_fracs[i]: cumulative fraction of the parameters (in gradient-ready
+    order, i.e. reverse layer order) whose gradients exist once bucket i is
+    complete; non-decreasing in [0, 1] (the last is 1 when the buckets cover the
+    chunk). Approximation: the backward's time is proportional to the parameters
+    it has processed, so bucket i is ready at start + frac_i (end - start). It
+    holds for a stack of equal transformer layers (their dgrad + wgrad GEMMs scale
+    with their weights); the embedding and the logits break it (an embedding's
+    backward is a cheap scatter for many parameters, the output layer's a big GEMM),
+    so a caller with per-layer backward times should use their cumulative
+    fractions of time instead."""
+    t0 = _check_time("bwd_start_s", bwd_start_s)
+    t1 = _check_time("bwd_end_s", bwd_end_s)
+    if t1 < t0:
+        raise ValueError(f"bwd_end_s {t1} is before bwd_start_s {t0}")
+    out, prev = [], 0.0
+    for i, x in enumerate(param_fracs):
+        if not isinstance(x, Real) or isinstance(x, bool) or not (0 <= x <= 1):
+            raise ValueError(f"param_fracs[{i}] must be a fraction in [0, 1], got {x!r}")
+        if x < prev:
+            raise ValueError(f"param_fracs must be non-decreasing (cumulative): "
+                             f"param_fracs[{i}] = {x} < {prev}")
+        prev = x
+        out.append(t0 + x * (t1 - t0))
+    return out

@@ -1,0 +1,337 @@
+"""commbench.schedule: the pipeline simulation against closed forms and timelines
+written out by hand, the one-stream comm/compute overlap, bucket ready times.
+Times are small binary fractions (0.25, 0.5, 1, 2, ...) so sums are exact."""
+import random
+
+import pytest
+
+from commbench.schedule import (backward_ready_times, overlap_comm, rank_ops, simulate_pipeline)
+
+
+def ops_of(res, rank):
+    return [(o.kind, o.microbatch, o.chunk) for o in res.timelines[rank]]
+
+
+# --- closed forms ------------------------------------------------------------------
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe", "interleaved"])
+@pytest.mark.parametrize("m", [1, 3, 8])
+def test_pp1_is_m_times_f_plus_b(schedule, m):
+    v = 2 if schedule == "interleaved" else 1
+    f, b = 1.0, 2.0
+    res = simulate_pipeline(1, m, f / v, b / v, p2p_s=5.0, schedule=schedule, interleave=v)
+    # one rank: nothing to wait for; consecutive chunks share the rank, so p2p is 0
+    assert res.makespan_s == m * (f + b)
+    assert res.bubble_s == 0 and res.idle_s == [0.0]
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+@pytest.mark.parametrize("pp,m", [(2, 1), (2, 4), (4, 2), (4, 4), (4, 8), (8, 16), (3, 7)])
+def test_uniform_no_p2p(schedule, pp, m):
+    f, b = 1.0, 2.0
+    res = simulate_pipeline(pp, m, f, b, schedule=schedule)
+    # (m + pp - 1)(f + b): pp - 1 slots of fill and of drain around m(f + b)
+    assert res.makespan_s == (m + pp - 1) * (f + b)
+    assert res.busy_s == [m * (f + b)] * pp
+    assert res.bubble_s == (pp - 1) * (f + b)
+    assert res.bubble_fraction == pytest.approx((pp - 1) / m)
+
+
+@pytest.mark.parametrize("pp,v,m", [(2, 2, 2), (2, 2, 4), (4, 2, 4), (4, 2, 8), (4, 4, 8), (3, 3, 6), (8, 2, 16)])
+def test_interleaved_bubble(pp, v, m):
+    f, b = 1.0, 2.0
+    n = pp * v
+    res = simulate_pipeline(pp, m, [f / v] * n, [b / v] * n, schedule="interleaved", interleave=v)
+    # chunk-sized fill and drain: bubble (pp-1)(f+b)/v, fraction (pp-1)/(v m)
+    assert res.makespan_s == pytest.approx(m * (f + b) + (pp - 1) * (f + b) / v)
+    assert res.bubble_s == pytest.approx((pp - 1) * (f + b) / v)
+    assert res.bubble_fraction == pytest.approx((pp - 1) / (v * m))
+    assert res.busy_s == pytest.approx([m * (f + b)] * pp)
+
+
+@pytest.mark.parametrize("pp,m", [(2, 1), (2, 5), (4, 2), (4, 8), (6, 3)])
+def test_gpipe_p2p_adds_fill_and_drain_hops(pp, m):
+    f, b, d = 1.0, 2.0, 0.25
+    res = simulate_pipeline(pp, m, f, b, d, schedule="gpipe")
+    # pp-1 hops on the way down, pp-1 back; consecutive micro-batches pipeline behind them
+    assert res.makespan_s == (m + pp - 1) * (f + b) + 2 * (pp - 1) * d
+
+
+def test_1f1b_p2p_pp2_by_hand():
+    """pp = 2, f = 1, b = 2, d = 0.5. Rank 0 (1 warmup) runs F0 F1 B0 F2 B1 B2,
+    rank 1 runs F0 B0 F1 B1 F2 B2. Each start is max(rank free, input end + d):
+      r0 F0 [0, 1]   F1 [1, 2]
+      r1 F0 [1.5, 2.5] (input 1 + .5)            B0 [2.5, 4.5]
+      r0 B0 [5, 7]    (grad 4.5 + .5)            F2 [7, 8]
+      r1 F1 [4.5, 5.5] (input 2.5, rank busy)    B1 [5.5, 7.5]
+      r0 B1 [8, 10]   (grad 7.5 + .5 = 8, rank free at 8)
+      r1 F2 [8.5, 9.5] (input 8 + .5)            B2 [9.5, 11.5]
+      r0 B2 [12, 14]  (grad 11.5 + .5)
+    makespan 14 = (m + pp - 1)(f + b) + 4d: the round trip B0 -> F2 puts
+    two more transfers on the critical path than GPipe's 2(pp-1)d."""
+    res = simulate_pipeline(2, 3, 1.0, 2.0, 0.5)
+    assert res.timelines[0] == [(0, 1, "F", 0, 0), (1, 2, "F", 1, 0), (5, 7, "B", 0, 0), (7, 8, "F", 2, 0),
+                                (8, 10, "B", 1, 0), (12, 14, "B", 2, 0)]
+    assert res.timelines[1] == [(1.5, 2.5, "F", 0, 1), (2.5, 4.5, "B", 0, 1), (4.5, 5.5, "F", 1, 1),
+                                (5.5, 7.5, "B", 1, 1), (8.5, 9.5, "F", 2, 1), (9.5, 11.5, "B", 2, 1)]
+    assert res.makespan_s == 14.0
+    # m = 1 and m = 2: only the first round trip, 2d
+    # m = 1: r0 F0 [0,1]; r1 F0 [1.5,2.5] B0 [2.5,4.5]; r0 B0 [5,7]
+    assert simulate_pipeline(2, 1, 1.0, 2.0, 0.5).makespan_s == 7.0
+    # m = 2: r0 F0 [0,1] F1 [1,2]; r1 F0 [1.5,2.5] B0 [2.5,4.5] F1 [4.5,5.5] B1 [5.5,7.5];
+    #        r0 B0 [5,7] B1 [8,10]
+    assert simulate_pipeline(2, 2, 1.0, 2.0, 0.5).makespan_s == 10.0
+
+
+def one_f_one_b_p2p(pp, m, f, b, d):
+    # Derived in commbench/schedule.py's docstring: with m - 1 = q pp + r, the critical
+    # path is micro-batch 0's round trip (2(pp-1) transfers), q full loops rank 0 <->
+    # rank pp-1 (2(pp-1) each, pp micro-batches each) and one loop of depth r - 1.
+    q, r = divmod(m - 1, pp)
+    return (m + pp - 1) * (f + b) + (2 * (pp - 1) * (q + 1) + 2 * max(r - 1, 0)) * d
+
+
+@pytest.mark.parametrize("d", [0.25, 3.0])
+def test_1f1b_p2p_closed_form(d):
+    for pp in range(2, 7):
+        for m in range(1, 14):
+            f, b = 1.0, 2.0
+            got = simulate_pipeline(pp, m, f, b, d).makespan_s
+            assert got == one_f_one_b_p2p(pp, m, f, b, d), (pp, m)
+            # the equivalent form quoted in the docstring
+            assert got == (m + pp - 1) * (f + b) + (2 * (pp - 1) + 2 * ((m - 1) * (pp - 1) // pp)) * d
+    assert one_f_one_b_p2p(4, 8, 1.0, 2.0, 1.0) - 11 * 3 == 16
+
+
+# --- a non-uniform pipeline by hand ------------------------------------------------
+
+def test_non_uniform_pp2_m2_by_hand():
+    """Stage 0: f = 1, b = 2; stage 1 (the slow one): f = 3, b = 4. 1F1B, no p2p.
+      r0 F0 [0, 1]  F1 [1, 2]                  ... B0 [8, 10]  B1 [15, 17]
+      r1 F0 [1, 4]  B0 [4, 8]  F1 [8, 11]  B1 [11, 15]
+    makespan 17 = m(f_max + b_max) = 14 plus the fill (stage 0's F0, 1) and the drain
+    (stage 0's B1, 2). Stage 1 is the critical rank, busy 14, bubble 3."""
+    res = simulate_pipeline(2, 2, [1.0, 3.0], [2.0, 4.0])
+    assert res.timelines[0] == [(0, 1, "F", 0, 0), (1, 2, "F", 1, 0), (8, 10, "B", 0, 0), (15, 17, "B", 1, 0)]
+    assert res.timelines[1] == [(1, 4, "F", 0, 1), (4, 8, "B", 0, 1), (8, 11, "F", 1, 1), (11, 15, "B", 1, 1)]
+    assert res.makespan_s == 17.0 == 2 * (3 + 4) + 1 + 2
+    assert res.busy_s == [6.0, 14.0] and res.idle_s == [11.0, 3.0]
+    assert res.critical_rank == 1 and res.bubble_s == 3.0
+    assert res.last_bwd_end_s == [17.0, 15.0]
+    assert res.last_bwd_s == [{0: (15.0, 17.0)}, {1: (11.0, 15.0)}]
+    # GPipe: r1 F0 [1,4] F1 [4,7] B0 [7,11] B1 [11,15]; r0 B0 [11,13] B1 [15,17]
+    g = simulate_pipeline(2, 2, [1.0, 3.0], [2.0, 4.0], schedule="gpipe")
+    assert g.timelines[0][2:] == [(11, 13, "B", 0, 0), (15, 17, "B", 1, 0)]
+    assert g.makespan_s == 17.0
+    # with p2p 0.5: r1 F0 [1.5,4.5] B0 [4.5,8.5] F1 [8.5,11.5] B1 [11.5,15.5];
+    #               r0 B0 [9,11] B1 [16,18]
+    p = simulate_pipeline(2, 2, [1.0, 3.0], [2.0, 4.0], p2p_s=[0.5])
+    assert p.timelines[1] == [(1.5, 4.5, "F", 0, 1), (4.5, 8.5, "B", 0, 1), (8.5, 11.5, "F", 1, 1),
+                              (11.5, 15.5, "B", 1, 1)]
+    assert p.timelines[0][2:] == [(9, 11, "B", 0, 0), (16, 18, "B", 1, 0)]
+    assert p.makespan_s == 18.0
+
+
+# --- schedule order ----------------------------------------------------------------
+
+def test_1f1b_order_megatron():
+    # rank i: min(pp - i - 1, m) warmup forwards, then F, B pairs, then the cooldown
+    assert rank_ops(4, 6, 0) == [("F", 0, 0), ("F", 1, 0), ("F", 2, 0), ("F", 3, 0), ("B", 0, 0), ("F", 4, 0),
+                                 ("B", 1, 0), ("F", 5, 0), ("B", 2, 0), ("B", 3, 0), ("B", 4, 0), ("B", 5, 0)]
+    assert rank_ops(4, 6, 3)[:4] == [("F", 0, 3), ("B", 0, 3), ("F", 1, 3), ("B", 1, 3)]
+    assert rank_ops(4, 2, 0) == [("F", 0, 0), ("F", 1, 0), ("B", 0, 0), ("B", 1, 0)]   # warmup capped at m
+
+
+def test_interleaved_order_megatron():
+    """pp = 2, v = 2, m = 4: chunks 0, 2 on rank 0 and 1, 3 on rank 1. Forward k
+    runs micro-batch (k // 4) * 2 + k % 2 on local chunk (k % 4) // 2; backward the
+    same micro-batch on local chunk 1 - (k % 4) // 2. Warmup: rank 0 (2-0-1)*2 + 1*2 = 4,
+    rank 1 0 + 2 = 2."""
+    assert rank_ops(2, 4, 0, "interleaved", 2) == [
+        ("F", 0, 0), ("F", 1, 0), ("F", 0, 2), ("F", 1, 2),
+        ("F", 2, 0), ("B", 0, 2), ("F", 3, 0), ("B", 1, 2), ("F", 2, 2), ("B", 0, 0), ("F", 3, 2), ("B", 1, 0),
+        ("B", 2, 2), ("B", 3, 2), ("B", 2, 0), ("B", 3, 0)]
+    assert rank_ops(2, 4, 1, "interleaved", 2) == [
+        ("F", 0, 1), ("F", 1, 1),
+        ("F", 0, 3), ("B", 0, 3), ("F", 1, 3), ("B", 1, 3), ("F", 2, 1), ("B", 0, 1), ("F", 3, 1), ("B", 1, 1),
+        ("F", 2, 3), ("B", 2, 3), ("F", 3, 3), ("B", 3, 3),
+        ("B", 2, 1), ("B", 3, 1)]
+
+
+@pytest.mark.parametrize("pp,v,m,want", [(4, 2, 8, [10, 8, 6, 4]), (4, 2, 4, [8, 8, 6, 4]),
+                                         (4, 3, 4, [12, 12, 10, 8]), (2, 3, 2, [6, 4])])
+def test_interleaved_warmup_counts(pp, v, m, want):
+    # warmup w = (pp - rank - 1) * 2 + (v - 1) * pp, at most m * v; the steady state
+    # starts with a forward, so w + 1 forwards precede the first backward unless w = m * v
+    def warmup(ops):
+        lead = next(i for i, o in enumerate(ops) if o[0] == "B")
+        return lead if lead == m * v else lead - 1
+    assert [warmup(rank_ops(pp, m, r, "interleaved", v)) for r in range(pp)] == want
+
+
+# --- invariants on random pipelines ------------------------------------------------
+
+@pytest.mark.parametrize("seed", range(6))
+def test_dependencies_and_counts(seed):
+    rnd = random.Random(seed)
+    for schedule, pp, v, m in (("1f1b", 4, 1, 6), ("gpipe", 3, 1, 5), ("interleaved", 4, 2, 8),
+                               ("interleaved", 3, 3, 3), ("1f1b", 5, 1, 2)):
+        n = pp * v
+        f = [rnd.choice([0.25, 0.5, 1.0, 1.5]) for _ in range(n)]
+        b = [rnd.choice([0.5, 1.0, 2.0, 3.0]) for _ in range(n)]
+        d = [rnd.choice([0.0, 0.25, 0.5]) for _ in range(n - 1)]
+        res = simulate_pipeline(pp, m, f, b, d, schedule=schedule, interleave=v)
+        end = {(o.kind, o.chunk, o.microbatch): o.end_s for tl in res.timelines for o in tl}
+        for r, tl in enumerate(res.timelines):
+            assert sum(o.kind == "F" for o in tl) == m * v == sum(o.kind == "B" for o in tl)
+            assert all(o.chunk % pp == r for o in tl)
+            for a, z in zip(tl, tl[1:]):
+                assert z.start_s >= a.end_s                  # one op at a time, in order
+            for o in tl:
+                dur = f[o.chunk] if o.kind == "F" else b[o.chunk]
+                assert o.end_s - o.start_s == pytest.approx(dur)
+                if o.kind == "F" and o.chunk > 0:
+                    assert o.start_s >= end[("F", o.chunk - 1, o.microbatch)] + d[o.chunk - 1] - 1e-12
+                if o.kind == "B":
+                    assert o.start_s >= end[("F", o.chunk, o.microbatch)]
+                    if o.chunk < n - 1:
+                        assert o.start_s >= end[("B", o.chunk + 1, o.microbatch)] + d[o.chunk] - 1e-12
+            # the last backward of each chunk is micro-batch m - 1
+            bwd = [o for o in tl if o.kind == "B"]
+            assert res.last_bwd_end_s[r] == bwd[-1].end_s
+            assert res.last_bwd_s[r] == {c: next((o.start_s, o.end_s) for o in bwd
+                                                 if o.chunk == c and o.microbatch == m - 1)
+                                         for c in range(r, n, pp)}
+        assert res.makespan_s == max(tl[-1].end_s for tl in res.timelines)
+        assert res.busy_s[res.critical_rank] == max(res.busy_s)
+        assert res.bubble_s == pytest.approx(res.makespan_s - max(res.busy_s))
+        # the slowest chunk bounds the makespan from below
+        assert res.makespan_s >= m * max(f[c] + b[c] for c in range(n)) - 1e-12
+
+
+def test_p2p_callable_and_sequence_agree():
+    seq = [0.25, 0.5, 0.75]
+    a = simulate_pipeline(4, 4, 1.0, 2.0, seq)
+    c = simulate_pipeline(4, 4, 1.0, 2.0, lambda k: seq[k])
+    assert a.timelines == c.timelines
+
+
+# --- invalid input -----------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs,msg", [
+    (dict(pp=4, num_microbatches=6, schedule="interleaved", interleave=2), r"micro-batch count \(6\).*multiple of pp \(4\)"),
+    (dict(pp=2, num_microbatches=2, fwd_s=-1.0), r"fwd_s must be a finite time >= 0 s, got -1.0"),
+    (dict(pp=2, num_microbatches=2, bwd_s=[1.0, -0.5]), r"bwd_s\[1\] must be a finite time"),
+    (dict(pp=2, num_microbatches=2, fwd_s=[1.0, 1.0, 1.0]), r"fwd_s has 3 values but there are 2 chunks"),
+    (dict(pp=2, num_microbatches=2, p2p_s=[0.1, 0.1]), r"p2p_s has 2 values but there are 1 chunk boundaries"),
+    (dict(pp=2, num_microbatches=2, p2p_s=lambda k: -1.0), r"p2p_s\(0\) must be a finite time"),
+    (dict(pp=2, num_microbatches=2, schedule="zb"), r"pipeline schedule 'zb': choose from"),
+    (dict(pp=2, num_microbatches=2, interleave=2), r"interleave 2 > 1 needs schedule 'interleaved'"),
+    (dict(pp=0, num_microbatches=2), r"pp must be an integer >= 1, got 0"),
+    (dict(pp=2, num_microbatches=0), r"num_microbatches must be an integer >= 1, got 0"),
+])
+def test_invalid_pipeline(kwargs, msg):
+    kw = dict(fwd_s=1.0, bwd_s=2.0) | kwargs
+    with pytest.raises(ValueError, match=msg):
+        simulate_pipeline(**kw)
+
+
+def test_invalid_rank_ops():
+    with pytest.raises(ValueError, match=r"rank must be an integer in \[0, pp\) = \[0, 2\), got 2"):
+        rank_ops(2, 4, 2)
+    with pytest.raises(ValueError, match=r"micro-batch count \(3\).*multiple of pp \(2\)"):
+        rank_ops(2, 3, 0, "interleaved", 2)
+
+
+# --- one comm stream next to compute -----------------------------------------------
+
+def test_overlap_fully_hidden():
+    r = overlap_comm(10.0, [(1.0, 2.0), (2.0, 1.0), (5.0, 3.0)])
+    assert r.intervals == [(1.0, 3.0), (3.0, 4.0), (5.0, 8.0)]
+    assert (r.exposed_s, r.hidden_s, r.finish_s, r.comm_end_s) == (0.0, 6.0, 10.0, 8.0)
+
+
+def test_overlap_fully_exposed():
+    r = overlap_comm(10.0, [(10.0, 2.0), (10.0, 1.0), (10.0, 3.0)])
+    assert r.intervals == [(10.0, 12.0), (12.0, 13.0), (13.0, 16.0)]
+    assert (r.exposed_s, r.hidden_s, r.finish_s) == (6.0, 0.0, 16.0)
+
+
+def test_overlap_partial_by_hand():
+    # (1, 2) -> [1, 3]; (2, 2) queues behind it -> [3, 5]; (9, 4) -> [9, 13]
+    # exposed 13 - 10 = 3, hidden 8 - 3 = 5 (the 1 s of [9, 10] and the first two)
+    r = overlap_comm(10.0, [(1.0, 2.0), (2.0, 2.0), (9.0, 4.0)])
+    assert r.intervals == [(1.0, 3.0), (3.0, 5.0), (9.0, 13.0)]
+    assert (r.exposed_s, r.hidden_s, r.finish_s, r.comm_s) == (3.0, 5.0, 13.0, 8.0)
+
+
+def test_overlap_wait_after_compute_is_exposed_not_hidden():
+    # the second comm is ready 2 s after compute ends: its wait is exposed, and
+    # hidden_s counts only the 3 s done before 10 (not sum - exposed = 1)
+    r = overlap_comm(10.0, [(2.0, 3.0), (12.0, 1.0)])
+    assert (r.exposed_s, r.hidden_s, r.finish_s) == (3.0, 3.0, 13.0)
+
+
+def test_overlap_matches_the_plain_recurrence_without_interference():
+    rnd = random.Random(1)
+    for _ in range(50):
+        comms = [(rnd.uniform(0, 12), rnd.uniform(0, 3)) for _ in range(rnd.randint(0, 6))]
+        c = rnd.uniform(0, 12)
+        r = overlap_comm(c, comms)
+        e = 0.0
+        for (ready, dur), (s, t) in zip(comms, r.intervals):
+            s_want = max(ready, e)
+            e = s_want + dur
+            assert (s, t) == pytest.approx((s_want, e))
+        assert r.exposed_s == pytest.approx(max(0.0, e - c)) and r.finish_s == pytest.approx(max(c, e))
+        if all(ready <= c for ready, _ in comms):   # no idle wait after compute: the brief identity
+            assert r.hidden_s == pytest.approx(sum(d for _, d in comms) - r.exposed_s)
+
+
+def test_overlap_interference_by_hand():
+    # comm (4, 4) next to compute [0, 10], comm 2x slower and compute 1.5x slower when both run:
+    # [0, 4] compute alone (progress 4); from 4 comm runs at 1/2 and compute at 2/3: comm's
+    # 4 s of work end at 12, compute has then done 4 + 8 * 2/3 = 9 1/3 and finishes its last
+    # 2/3 alone at 12 2/3. Nothing exposed.
+    r = overlap_comm(10.0, [(4.0, 4.0)], comm_slowdown=2.0, compute_slowdown=1.5)
+    assert r.intervals == [(4.0, pytest.approx(12.0))]
+    assert r.compute_end_s == pytest.approx(12 + 2 / 3) == r.finish_s
+    assert (r.exposed_s, r.hidden_s) == (0.0, pytest.approx(4.0))
+    # comm (6, 6), both 2x: from 6 both at 1/2; compute's last 4 s end at 14, comm has
+    # done 4 of its 6 and runs the last 2 alone until 16: exposed 2, hidden 4
+    r = overlap_comm(10.0, [(6.0, 6.0)], comm_slowdown=2.0, compute_slowdown=2.0)
+    assert (r.compute_end_s, r.comm_end_s) == pytest.approx((14.0, 16.0))
+    assert (r.exposed_s, r.hidden_s) == pytest.approx((2.0, 4.0))
+    # a bucket ready at compute progress 8 comes later once comm slows compute:
+    # comm 1 (0, 2) runs [0, 4] at 1/2 while compute progresses 2 (at 1/2); compute
+    # reaches 8 at 4 + 6 = 10; comm 2 (8, 1) then [10, 12] at 1/2, while compute does 1
+    # of its last 2, and the last 1 alone in [12, 13]
+    r = overlap_comm(10.0, [(0.0, 2.0), (8.0, 1.0)], comm_slowdown=2.0, compute_slowdown=2.0)
+    assert r.intervals == [pytest.approx((0.0, 4.0)), pytest.approx((10.0, 12.0))]
+    assert r.compute_end_s == pytest.approx(13.0) and r.exposed_s == 0.0
+
+
+@pytest.mark.parametrize("args,kwargs,msg", [
+    ((10.0, [(1.0, -2.0)]), {}, r"comms\[0\] duration_s must be a finite time >= 0 s, got -2.0"),
+    ((10.0, [(1.0,)]), {}, r"comms\[0\] must be a \(ready_s, duration_s\) pair"),
+    ((-1.0, []), {}, r"compute_end_s must be a finite time"),
+    ((10.0, []), dict(comm_slowdown=0.5), r"comm_slowdown must be a finite factor >= 1, got 0.5"),
+    ((1.0, []), dict(compute_start_s=2.0), r"compute_end_s 1.0 is before compute_start_s 2.0"),
+])
+def test_invalid_overlap(args, kwargs, msg):
+    with pytest.raises(ValueError, match=msg):
+        overlap_comm(*args, **kwargs)
+
+
+# --- bucket ready times ------------------------------------------------------------
+
+def test_backward_ready_times_by_hand():
+    # backward [10, 20]; buckets complete at 25 %, 50 %, 100 % of the parameters
+    assert backward_ready_times(10.0, 20.0, [0.25, 0.5, 1.0]) == [12.5, 15.0, 20.0]
+    assert backward_ready_times(3.0, 3.0, [0.5, 1.0]) == [3.0, 3.0]
+    with pytest.raises(ValueError, match=r"non-decreasing .* param_fracs\[1\] = 0.25 < 0.5"):
+        backward_ready_times(0.0, 1.0, [0.5, 0.25])
+    with pytest.raises(ValueError, match=r"param_fracs\[0\] must be a fraction in \[0, 1\], got 1.5"):
+        backward_ready_times(0.0, 1.0, [1.5])
+    with pytest.raises(ValueError, match=r"bwd_end_s 1.0 is before bwd_start_s 2.0"):
+        backward_ready_times(2.0, 1.0, [1.0])
