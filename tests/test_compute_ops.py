@@ -1,0 +1,149 @@
+"""ComputeOps of a plan against hand-computed shapes and FLOPs (a GPT and a
+Llama layer at tp = 1, 2, 4), their sum against Megatron's formula, recompute,
+sequence parallelism, the optimizer shard and stage placement."""
+import pytest
+
+from commbench.compute.ops import compute_ops
+from commbench.models import ModelSpec
+from commbench.parallel import Parallelism
+
+GPT = ModelSpec("gpt-test", num_layers=8, hidden=1024, heads=16, vocab=50304, seq=2048, arch="gpt")
+LLAMA = ModelSpec("llama-test", num_layers=8, hidden=4096, heads=32, vocab=32000, seq=4096, kv_heads=8,
+                  ffn_hidden=11008, arch="llama", tied_embeddings=False)
+
+
+def by_name(ops):
+    out = {}
+    for op in ops:
+        assert op.name not in out, f"two ops named {op.name}"
+        out[op.name] = op
+    return out
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_gpt_layer_gemms_and_attention(tp):
+    b, s, h = 2, 2048, 1024
+    par = Parallelism(world=tp, gpus_per_node=tp, tp=tp, micro_batch=b, global_batch=b * 3)
+    ops = by_name(compute_ops(GPT, par))
+    T = b * s
+    # (name, m, n, k) written out: Linear weights [out, in]; fwd T x out x in,
+    # dgrad T x in x out, wgrad out x in x T
+    expected = {
+        "qkv fwd": (T, 3 * h // tp, h), "qkv dgrad": (T, h, 3 * h // tp), "qkv wgrad": (3 * h // tp, h, T),
+        "attn out fwd": (T, h, h // tp), "attn out dgrad": (T, h // tp, h), "attn out wgrad": (h, h // tp, T),
+        "mlp up fwd": (T, 4 * h // tp, h), "mlp up dgrad": (T, h, 4 * h // tp), "mlp up wgrad": (4 * h // tp, h, T),
+        "mlp down fwd": (T, h, 4 * h // tp), "mlp down dgrad": (T, 4 * h // tp, h),
+        "mlp down wgrad": (h, 4 * h // tp, T),
+        "logits fwd": (T, 50304 // tp, h),
+    }
+    for name, (m, n, k) in expected.items():
+        op = ops[name]
+        assert (op.m, op.n, op.k) == (m, n, k), name
+        assert op.flops == 2 * m * n * k, name
+        assert op.kind == "gemm"
+    assert "mlp gate fwd" not in ops
+    # 3 micro-batches per step, 8 layers on the one stage
+    assert ops["qkv fwd"].count == 8 * 3 and ops["logits fwd"].count == 3
+    att = ops["attention fwd"]
+    assert (att.m, att.n, att.k, att.batch) == (s, s, 64, b * 16 // tp)
+    assert att.flops == 4 * b * s * s * h / tp
+    assert ops["attention bwd"].flops == 2 * att.flops
+    assert dict(att.params)["kv_heads"] == 16 // tp
+    # norms, dropout-add and GELU are memory-bound: rows x width, bytes at bf16
+    ln = ops["norm1 fwd"]
+    assert (ln.m, ln.n, ln.impl) == (T, h, "layernorm_fwd") and ln.nbytes == 2 * 2 * T * h
+    gelu = ops["gelu fwd"]
+    assert (gelu.m, gelu.n) == (T, 4 * h // tp) and gelu.nbytes == 2 * 2 * T * 4 * h // tp
+    assert ops["residual1 fwd"].impl == "dropout_add_fwd"
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_llama_layer_gqa_and_swiglu(tp):
+    b, s, h, d, f = 1, 4096, 4096, 128, 11008
+    par = Parallelism(world=tp, gpus_per_node=tp, tp=tp, micro_batch=b)
+    ops = by_name(compute_ops(LLAMA, par))
+    T = b * s
+    kv_local = 8 // tp                      # 8 kv heads split over tp
+    qkv_out = h // tp + 2 * kv_local * d
+    assert (ops["qkv fwd"].m, ops["qkv fwd"].n, ops["qkv fwd"].k) == (T, qkv_out, h)
+    assert ops["qkv fwd"].flops == 2 * T * qkv_out * h
+    for proj in ("mlp gate", "mlp up"):
+        assert (ops[f"{proj} fwd"].n, ops[f"{proj} fwd"].k) == (f // tp, h)
+        assert (ops[f"{proj} wgrad"].m, ops[f"{proj} wgrad"].n, ops[f"{proj} wgrad"].k) == (f // tp, h, T)
+    assert (ops["mlp down fwd"].n, ops["mlp down fwd"].k) == (h, f // tp)
+    att = ops["attention fwd"]
+    assert dict(att.params)["heads"] == 32 // tp and dict(att.params)["kv_heads"] == kv_local
+    assert att.flops == 4 * b * s * s * h / tp
+    sw = ops["swiglu fwd"]
+    assert (sw.m, sw.n, sw.nbytes) == (T, f // tp, 3 * 2 * T * f // tp)
+    assert ops["norm1 fwd"].impl == "rmsnorm_fwd" and ops["residual1 fwd"].impl == "add_fwd"
+    assert ops["rope fwd"].n == h // tp + kv_local * d
+    assert (ops["logits fwd"].n, ops["embedding fwd"].k) == (32000 // tp, 32000 // tp)
+
+
+def test_kv_heads_replicated_beyond_their_count():
+    m = ModelSpec("gqa", num_layers=2, hidden=512, heads=8, vocab=1000, seq=128, kv_heads=2, arch="llama",
+                  tied_embeddings=False)
+    ops = by_name(compute_ops(m, Parallelism(world=4, gpus_per_node=4, tp=4)))
+    # 2 kv heads on 4 ranks: each rank holds one (replicated) kv head of 64
+    assert ops["qkv fwd"].n == 512 // 4 + 2 * 64
+    assert dict(ops["attention fwd"].params)["kv_heads"] == 1
+
+
+@pytest.mark.parametrize("tp,pp", [(1, 1), (2, 1), (1, 2), (2, 2)])
+def test_step_flops_equal_megatron_formula(tp, pp):
+    """72 B s L h^2 (1 + s/6h + V/(12 L h)) summed over every rank of a model
+    replica: the per-rank ops x tp ranks, over the pp stages."""
+    B, s, L, h, V = 8, 2048, 8, 1024, 50304
+    par = Parallelism(world=tp * pp * 2, gpus_per_node=tp * pp * 2, tp=tp, pp=pp, micro_batch=2, global_batch=B)
+    ops = compute_ops(GPT, par)
+    per_replica = 0.0
+    for op in ops:
+        if op.kind in ("gemm", "attention"):
+            stages = pp if op.stage < 0 else 1
+            per_replica += op.flops * op.count * tp * stages
+    megatron = 72 * B * s * L * h ** 2 * (1 + s / (6 * h) + V / (12 * L * h))
+    # the replica does B / dp samples; 2 replicas
+    assert per_replica * 2 == pytest.approx(megatron, rel=1e-12)
+
+
+def test_recompute_adds_forward_work():
+    base = Parallelism(world=1, micro_batch=1)
+    none = compute_ops(GPT, base)
+    sel = compute_ops(GPT, Parallelism(world=1, micro_batch=1, recompute="selective"))
+    full = compute_ops(GPT, Parallelism(world=1, micro_batch=1, recompute="full"))
+    extra_sel = {op.name for op in sel} - {op.name for op in none}
+    assert extra_sel == {"attention fwd (recompute)"}
+    extra_full = [op for op in full if op.name.endswith("(recompute)")]
+    layer_fwd = [op for op in none if op.scope == "layer" and op.phase == "fwd"]
+    assert sorted(op.impl for op in extra_full) == sorted(op.impl for op in layer_fwd)
+    assert all(op.phase == "bwd" for op in extra_full)
+
+
+def test_sequence_parallel_shrinks_norm_rows():
+    par = Parallelism(world=4, gpus_per_node=4, tp=4, sp=True, micro_batch=1)
+    ops = by_name(compute_ops(GPT, par))
+    assert ops["norm1 fwd"].m == 2048 // 4 and ops["residual2 bwd"].m == 2048 // 4
+    assert ops["qkv fwd"].m == 2048          # GEMMs see the all-gathered sequence
+
+
+def test_optimizer_shard_and_stages():
+    whole = by_name(compute_ops(GPT, Parallelism(world=1)))["adam step"]
+    assert whole.m == GPT.num_params and whole.phase == "step" and whole.count == 1
+    # mixed precision: 24 B of fp32 state read+written, 2 B gradient read, 2 B bf16 copy written
+    assert whole.nbytes == GPT.num_params * (24 + 2 + 2)
+    z1 = by_name(compute_ops(GPT, Parallelism(world=4, gpus_per_node=4, zero=1)))["adam step"]
+    assert z1.m == -(-GPT.num_params // 4)
+    z0 = by_name(compute_ops(GPT, Parallelism(world=4, gpus_per_node=4, zero=0)))["adam step"]
+    assert z0.m == GPT.num_params
+    ops = compute_ops(GPT, Parallelism(world=2, gpus_per_node=2, pp=2))
+    assert {op.stage for op in ops if op.scope == "embedding"} == {0}
+    assert {op.stage for op in ops if op.scope == "head"} == {1}
+    assert {op.stage for op in ops if op.scope == "layer"} == {-1}
+    adam = sorted((op.stage, op.m) for op in ops if op.scope == "optimizer")
+    assert [s for s, _ in adam] == [0, 1]
+    # both stages hold 4 layers; stage 0 also the embedding and positions, stage 1
+    # the final norm and a copy of the tied embedding for the logits
+    layer = GPT.layer_params()
+    assert adam[0][1] == 4 * layer + GPT.vocab * GPT.hidden + GPT.seq * GPT.hidden
+    assert adam[1][1] == 4 * layer + 2 * GPT.hidden + GPT.vocab * GPT.hidden
