@@ -153,10 +153,12 @@ def p2p_case(cupy, ks, op, i, j, n, settings, check, rank, host) -> Measurement:
 
         def run():
             start.record(s_i)
-            s_j.wait_event(start)
+            with cupy.cuda.Device(j):
+                s_j.wait_event(start)
             ks[i].p2p_copy(src_i, dst_j, s_i)
             ks[j].p2p_copy(src_j, dst_i, s_j)
-            end.record(s_j)
+            with cupy.cuda.Device(j):
+                end.record(s_j)
             s_i.wait_event(end)
     wrong = 0
     for _ in range(check):
