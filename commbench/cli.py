@@ -236,20 +236,24 @@ def cmd_compute(a, argv) -> int:
         return interference.cli(a, argv)
     from commbench import launch as launch_mod
     from commbench.timing import TimingSettings
-    device = _device(a.device, "torch")
     settings = TimingSettings(warmup=a.warmup, iters=a.iters, max_iters=a.max_iters, time_budget_s=a.time_budget,
                               target_ci=a.target_ci)
     if settings.iters < 1 or settings.warmup < 0 or settings.max_iters < settings.iters or settings.time_budget_s < 0 \
             or settings.target_ci < 0:
         raise ValueError("timing flags: -n >= 1, -w >= 0, --max-iters >= -n, --time-budget >= 0, --target-ci >= 0")
+    if a.device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"unknown device {a.device!r}: choose cpu, cuda or auto")
     info = launch_mod.detect()
     if info.launcher == "none":
+        # a bad plan fails once, here, before torch is imported or any rank starts
+        planflags.from_args(a, {"world": a.nprocs or 1, "gpus_per_node": a.nprocs or 1})
+        device = _device(a.device, "torch")
         nprocs = a.nprocs
         if nprocs is None:
             import torch
             nprocs = torch.cuda.device_count() if device == "cuda" else 1
-        planflags.from_args(a, {"world": nprocs, "gpus_per_node": nprocs})   # a bad plan fails once, here
         return _spawn_self(a, argv, nprocs, "compute")
+    device = _device(a.device, "torch")
     from commbench import plan as plan_mod
     from commbench.compute import report, runner
     model, par = planflags.from_args(a, {"world": info.world_size, "gpus_per_node": info.local_world_size})

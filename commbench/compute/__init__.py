@@ -1,5 +1,9 @@
 """Compute at a plan's shapes: the ComputeOps of a step (ops.py) and the timed
-kernels that run them (gemm, attention, elementwise, optimizer)."""
-from commbench.compute import attention, elementwise, gemm, optimizer
+kernels that run them (gemm, attention, elementwise, optimizer; imported only
+when timing, as they import torch)."""
 
-KERNELS = {**gemm.PREPARE, **attention.PREPARE, **elementwise.PREPARE, **optimizer.PREPARE}
+
+def kernels() -> dict:
+    """impl name -> prepare(op, device, torch dtype) -> a callable running one call."""
+    from commbench.compute import attention, elementwise, gemm, optimizer
+    return {**gemm.PREPARE, **attention.PREPARE, **elementwise.PREPARE, **optimizer.PREPARE}

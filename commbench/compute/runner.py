@@ -84,10 +84,10 @@ class FlushingTimer:
 
 
 def measure(backend, timer, case: Case, op, settings, hosts, torch, device) -> Measurement:
-    from commbench.compute import KERNELS
+    from commbench.compute import kernels
     from commbench.sweep import one_hot
     try:
-        call = KERNELS[op.impl](op, backend.torch_device if device == "cuda" else device, getattr(torch, case.dtype))
+        call = kernels()[op.impl](op, backend.torch_device if device == "cuda" else device, getattr(torch, case.dtype))
         error = None
     except (RuntimeError, MemoryError) as e:     # e.g. out of memory at this shape
         call, error = (lambda: None), f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
