@@ -68,6 +68,19 @@ def _run_args(p):
     g.add_argument("-q", "--quiet", action="store_true", help="no progress bar or tables")
 
 
+def _predict_inputs(p):
+    g = p.add_argument_group("times (measured results, or a SystemSpec for what-if)")
+    g.add_argument("--comm", nargs="+", default=[], metavar="RESULTS", help="results of commbench run")
+    g.add_argument("--compute", nargs="+", default=[], metavar="RESULTS", help="results of commbench compute")
+    g.add_argument("--system", default=None, help="SystemSpec name (polaris, thetagpu, dgx-h100, h200) or file; "
+                                                  "fills in what the results files do not measure")
+    g.add_argument("--interference", default=None, metavar="RESULTS",
+                   help="results of commbench compute --interference: comm/compute slowdown under overlap")
+    g.add_argument("--comm-backend", default=None, help="which backend's measurements to use when the files hold several")
+    g.add_argument("--peak-tflops", type=float, default=None, help="peak dense TFLOPS per GPU for MFU "
+                                                                   "(default: the SystemSpec's for the dtype)")
+
+
 def build_parser() -> Parser:
     p = Parser(prog="commbench", description="Collective-communication microbenchmarks for distributed training")
     sub = p.add_subparsers(dest="verb", parser_class=Parser, metavar="VERB")
@@ -113,6 +126,17 @@ def build_parser() -> Parser:
     g.add_argument("--sms", default=None, help="cuda: SM counts of the spin kernel, comma-separated "
                                                "(default 1/8, 1/4, 1/2 and all of the device's SMs)")
     g.add_argument("--gemm-size", type=int, default=512, help="cpu: square float32 torch.mm size (default 512)")
+    pr = sub.add_parser("predict", help="the training step of a plan from measured (or specified) times")
+    planflags.add(pr)
+    _predict_inputs(pr)
+    g = pr.add_argument_group("scaling")
+    g.add_argument("--scale", default=None, help="predict at these GPU counts, e.g. 8,16,32,...,512")
+    mode = g.add_mutually_exclusive_group()
+    mode.add_argument("--weak", dest="mode", action="store_const", const="weak",
+                      help="hold the micro-batch per GPU (default)")
+    mode.add_argument("--strong", dest="mode", action="store_const", const="strong", help="hold the global batch")
+    g.add_argument("--plot", default=None, help="with --scale: write a PNG of the scaling curves here")
+    pr.add_argument("--json", action="store_true", help="print the StepBreakdown as one JSON document")
     e = sub.add_parser("env", help="print what a run records about the machine")
     e.add_argument("--json", action="store_true", help="one JSON document on stdout")
     e.add_argument("--backend", default="torch", help="backend used to gather the ranks under a launcher")
@@ -277,6 +301,44 @@ def cmd_compute(a, argv) -> int:
     return EXIT_OK
 
 
+def cmd_predict(a) -> int:
+    from commbench import plan as plan_mod
+    from commbench import predict, scaling
+    model, par = planflags.from_args(a)
+    counts = scaling.parse_counts(a.scale) if a.scale else None
+    if a.plot and not counts:
+        raise ValueError("--plot draws the scaling curves: give --scale too")
+    if a.peak_tflops is not None and not a.peak_tflops > 0:
+        raise ValueError(f"--peak-tflops must be positive, got {a.peak_tflops}")
+    times = predict.load_times(a.comm, a.compute, a.system, a.interference, a.comm_backend)
+    peak = a.peak_tflops
+    if peak is None and times.spec is not None:
+        peak = times.spec.peak_tflops.get({"bf16": "bf16", "fp16": "fp16", "fp32": "tf32"}.get(par.dtype, par.dtype))
+    workload = plan_mod.build(model, par)
+    sb = predict.predict(workload, par, times.bind(workload.compute_ops), peak)
+    doc = sb.to_dict()
+    rows = None
+    if counts:
+        mode = a.mode or "weak"
+        rows = scaling.scale(model, par, counts, mode, lambda w: times.bind(w.compute_ops),
+                             lambda w, p, t: predict.predict(w, p, t, peak))
+        doc["scaling"] = {"mode": mode, "rows": rows}
+        if a.plot:
+            scaling.plot(rows, mode, model.name, a.plot)
+    if a.json:
+        print(json.dumps(doc))
+        return EXIT_OK
+    from rich.console import Console
+    from commbench import console
+    con = Console(width=200)
+    console.print_breakdown(sb, con)
+    if rows:
+        console.print_scaling(rows, doc["scaling"]["mode"], con)
+        if a.plot:
+            con.print(f"plot: {a.plot}")
+    return EXIT_OK
+
+
 def cmd_show(a) -> int:
     from commbench import console, results
     rf = results.load(a.file)
@@ -387,6 +449,8 @@ def main(argv=None) -> int:
             return cmd_plan(a)
         if a.verb == "compute":
             return cmd_compute(a, list(argv))
+        if a.verb == "predict":
+            return cmd_predict(a)
         return cmd_env(a)
     except (UsageError, ValueError) as e:
         print(f"commbench: error: {e}" if not str(e).startswith("commbench") else str(e), file=sys.stderr)

@@ -155,3 +155,46 @@ def print_plan(workload, par, console: Console):
     for (stage, axis), d in sorted(per.items()):
         vol.add_row(str(stage), axis, _bytes(d.get("intra", 0)), _bytes(d.get("inter", 0)))
     console.print(vol)
+
+
+BREAKDOWN_PARTS = (("compute_s", "compute"), ("tp_exposed_s", "TP exposed"), ("pp_exposed_s", "PP exposed"),
+                   ("dp_exposed_s", "DP/ZeRO exposed"), ("bubble_s", "pipeline bubble"),
+                   ("optimizer_s", "optimizer"))
+
+
+def _s(x: float) -> str:
+    return f"{x * 1e3:.3f} ms" if x < 1 else f"{x:.3f} s"
+
+
+def print_breakdown(sb, console: Console):
+    """A StepBreakdown: throughput first, then where the step's time goes."""
+    mfu = f"  MFU {sb.mfu:.1%}" if sb.mfu is not None else ""
+    console.print(f"step {_s(sb.step_time_s)} (band {_s(sb.step_time_low_s)} - {_s(sb.step_time_high_s)})  "
+                  f"{sb.samples_per_s:.3f} samples/s  {sb.tokens_per_s:.1f} tokens/s  "
+                  f"{sb.tflops_per_gpu:.3f} model TFLOPS/GPU{mfu}  (critical stage {sb.critical_stage})")
+    t = Table(title="step time breakdown (critical stage; the parts sum to the step)", title_justify="left")
+    for col in ("part", "time", "share"):
+        t.add_column(col, justify="left" if col == "part" else "right")
+    for key, name in BREAKDOWN_PARTS:
+        v = sb.breakdown[key]
+        t.add_row(name, _s(v), f"{v / sb.step_time_s:.1%}")
+    t.add_row("[dim]hidden DP/ZeRO comm (overlapped, not in the sum)[/]", _s(sb.breakdown["hidden_comm_s"]), "")
+    console.print(t)
+    for note in sb.notes:
+        console.print(f"[yellow]note:[/] {note}")
+
+
+def print_scaling(rows: list, mode: str, console: Console):
+    t = Table(title=f"scaling ({mode}: {'micro-batch per GPU' if mode == 'weak' else 'global batch'} held)",
+              title_justify="left")
+    for col in ("GPUs", "dp", "global batch", "step", "samples/s", "tokens/s", "TFLOPS/GPU", "efficiency",
+                "compute", "TP exp", "PP exp", "DP exp", "bubble", "notes"):
+        t.add_column(col, justify="left" if col == "notes" else "right")
+    for r in rows:
+        b = r["breakdown"]
+        t.add_row(str(r["gpus"]), str(r["dp"]), str(r["global_batch"]), _s(r["step_time_s"]),
+                  f"{r['samples_per_s']:.2f}", f"{r['tokens_per_s']:.0f}", f"{r['tflops_per_gpu']:.2f}",
+                  f"{r['scaling_efficiency']:.1%}", _s(b["compute_s"]), _s(b["tp_exposed_s"]),
+                  _s(b["pp_exposed_s"]), _s(b["dp_exposed_s"]), _s(b["bubble_s"]),
+                  "extrapolated" if r["extrapolated"] else "")
+    console.print(t)

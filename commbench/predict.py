@@ -1,0 +1,422 @@
+"""Workload + times -> StepBreakdown: the training step reconstructed from
+measured (or SystemSpec-modelled) kernels and collectives (DESIGN.md,
+"Prediction").
+
+Composition, for each pipeline stage (every rank of a stage does the same):
+1. Per micro-batch, the stage's forward and backward are its compute kernels
+   (ComputeOps x calls per micro-batch) plus its tensor-parallel collectives,
+   which sit on the critical path of every layer (Megatron issues them
+   synchronously between the GEMMs).
+2. The pipeline schedule (GPipe, 1F1B, interleaved 1F1B) is simulated with those
+   per-chunk times and the measured p2p time of each stage boundary
+   (schedule.simulate_pipeline); with pp = 1 it is m forwards and backwards in a row.
+3. DP / ZeRO collectives are placed on that timeline on one communication
+   stream (a communicator runs its collectives in issue order):
+   - an op issued every micro-batch (count a multiple of m) goes into every
+     micro-batch's forward or backward, else (DDP buckets under no_sync, once
+     per step) into the last micro-batch's;
+   - within a forward or backward, ops of one call each (DDP buckets, ZeRO-2 or
+     FSDP units listed one by one) are spread by their cumulative bytes (a
+     bucket is ready when the backward has produced that share of the
+     gradients: backward time taken as proportional to parameters); an op folded
+     over k equal units is spread evenly, one call per 1/k of the interval;
+   - gradient reductions (all_reduce, reduce_scatter) become ready when their
+     part of the backward ends and never hold compute back: what is left after
+     the stage's last backward is exposed;
+   - parameter all-gathers (ZeRO-3 / FSDP, forward and backward) are prefetched
+     one unit ahead (issued when the previous unit starts) and gate their own
+     unit: compute waits for an all-gather that has not arrived, and that wait
+     is exposed (FSDP's first all-gather of a forward is therefore always exposed);
+   - with interference factors (compute --interference), a collective that runs
+     under compute takes comm_slowdown times longer and slows the compute it
+     overlaps by (compute_slowdown - 1) x the overlap.
+4. After the pipeline and the DP tail: once-per-step collectives (ZeRO-1
+   parameter broadcasts / all-gathers, the tied-embedding all-reduce, the
+   sequence-parallel norm-gradient all-reduce) and the optimizer step, in series.
+The step time is the slowest stage's end.
+
+Breakdown (of the critical stage; the parts sum to the step time):
+  compute_s     its forward and backward kernels (recompute included)
+  tp_exposed_s  its tensor-parallel collectives (all on the critical path)
+  bubble_s      pipeline idle time with p2p taken as free (fill and drain)
+  pp_exposed_s  what the p2p adds to the pipeline, plus the tied-embedding all-reduce
+  dp_exposed_s  DP/ZeRO time compute did not cover, plus once-per-step DP collectives
+  optimizer_s   the optimizer step
+  hidden_comm_s DP/ZeRO collective time hidden under compute (not part of the sum)
+Uncertainty band: the whole composition again with every time at the low and at
+the high end of its 95 % CI (collectives: CommModel's band; kernels: the CI of
+the median), extremes moving together, so the band is conservative.
+Model FLOPs (TFLOPS per GPU, MFU) count every GEMM and attention op once,
+without recompute: Megatron's 72 B s L h^2 (1 + s/6h + V/(12 L h)) for a GPT."""
+import math
+from dataclasses import asdict, dataclass, field
+
+from commbench import schedule
+from commbench.compute.runner import op_time_s
+
+BOUNDS = ("p50", "low", "high")
+GATHERS = ("all_gather",)
+
+
+@dataclass
+class StepBreakdown:
+    step_time_s: float
+    samples_per_s: float
+    tokens_per_s: float
+    tflops_per_gpu: float
+    mfu: float | None
+    breakdown: dict
+    step_time_low_s: float
+    step_time_high_s: float
+    critical_stage: int
+    stages: list = field(default_factory=list)     # per stage: its end and its parts
+    notes: list = field(default_factory=list)      # interpolated / extrapolated / spec inputs
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# ----------------------------------------------------------------------------- inputs
+class Times:
+    """Seconds of one call of a ComputeOp or a CommOp, at a bound (p50, low,
+    high), from measured compute results (runner.match) or a SystemSpec, and a
+    CommModel. Collects a note for every input that was not measured as is."""
+
+    def __init__(self, comm_model, matched=None, spec=None, interference=None):
+        self.comm_model, self.matched, self.spec = comm_model, matched or {}, spec
+        self.interference = interference or {}
+        self.notes = {}
+
+    def compute(self, op, bound: str) -> float:
+        m = self.matched.get(op)
+        if m is not None:
+            field_ = {"p50": "time_p50_s", "low": "ci_low_s", "high": "ci_high_s"}[bound]
+            return op_time_s(m, field_)
+        if self.spec is None:
+            raise ValueError(f"no compute measurement of {op.name} ({op.impl} {op.m}x{op.n}x{op.k} {op.dtype}): "
+                             "run commbench compute with the same plan flags, or give --system")
+        self.notes.setdefault(("compute-spec",), f"compute times from SystemSpec {self.spec.name} (not measured)")
+        return self.spec.compute_time_s(op)
+
+    def comm(self, collective, nbytes, group_size, num_nodes, dtype, bound: str) -> float:
+        if group_size < 2:
+            return 0.0
+        est = self.comm_model.estimate(collective, nbytes, group_size, num_nodes, dtype=dtype)
+        if est.source != "measured":
+            self.notes.setdefault((collective, group_size, num_nodes, est.source),
+                                  f"{est.source}: {collective} n={group_size} nodes={num_nodes} ({est.note})")
+        return {"p50": est.time_s, "low": est.low_s, "high": est.high_s}[bound]
+
+    def comm_op(self, c, bound: str) -> float:
+        return self.comm(c.collective, c.nbytes, c.group_size, c.num_nodes, c.dtype, bound)
+
+
+# ----------------------------------------------------------------------------- per stage
+@dataclass
+class StageTimes:
+    fwd_s: float = 0.0           # compute of one micro-batch's forward on this stage
+    bwd_s: float = 0.0
+    layer_fwd_s: float = 0.0     # the part of fwd_s / bwd_s that is transformer layers
+    layer_bwd_s: float = 0.0
+    tp_fwd_s: float = 0.0        # TP collectives of one micro-batch's forward
+    tp_bwd_s: float = 0.0
+    tp_step_s: float = 0.0       # once-per-step TP collectives
+    pp_step_s: float = 0.0       # once-per-step pp-axis collectives (tied embeddings)
+    dp_step_s: float = 0.0       # once-per-step DP collectives (ZeRO-1 parameters)
+    optimizer_s: float = 0.0
+
+
+def stage_times(workload_ops, comm_ops, par, times: Times, bound: str) -> list:
+    m = par.num_microbatches
+    out = [StageTimes() for _ in range(par.pp)]
+    for op in workload_ops:
+        t = times.compute(op, bound)
+        for s in (range(par.pp) if op.stage < 0 else [op.stage]):
+            st = out[s]
+            if op.phase == "step":
+                st.optimizer_s += t * op.count
+            elif op.phase == "fwd":
+                st.fwd_s += t * op.count / m
+                st.layer_fwd_s += t * op.count / m if op.scope == "layer" else 0.0
+            else:
+                st.bwd_s += t * op.count / m
+                st.layer_bwd_s += t * op.count / m if op.scope == "layer" else 0.0
+    for c in comm_ops:
+        st = out[c.stage]
+        if c.axis == "tp":
+            t = times.comm_op(c, bound)
+            if c.phase == "step":
+                st.tp_step_s += t * c.count
+            elif c.phase == "fwd":
+                st.tp_fwd_s += t * c.count / m
+            else:
+                st.tp_bwd_s += t * c.count / m
+        elif c.axis == "pp" and c.phase == "step":
+            st.pp_step_s += times.comm_op(c, bound) * c.count
+        elif c.axis == "dp" and c.phase == "step":
+            st.dp_step_s += times.comm_op(c, bound) * c.count
+    return out
+
+
+def chunk_times(stages: list, par, which: str) -> list:
+    """Per-chunk forward or backward time (compute + TP) for the pipeline
+    simulation. With v chunks per rank, chunk c = i pp + r holds 1/v of rank r's
+    layers; the embedding rides on the first chunk, the head on the last."""
+    v = par.interleave
+    out = []
+    for c in range(par.pp * v):
+        st = stages[c % par.pp]
+        total = (st.fwd_s + st.tp_fwd_s) if which == "fwd" else (st.bwd_s + st.tp_bwd_s)
+        layers = st.layer_fwd_s if which == "fwd" else st.layer_bwd_s
+        tp = st.tp_fwd_s if which == "fwd" else st.tp_bwd_s
+        extra = total - layers - tp          # embedding / head: on the rank's first / last chunk only
+        t = (layers + tp) / v
+        first, last = c // par.pp == 0, c // par.pp == v - 1
+        if (c % par.pp == 0 and first) or (c % par.pp == par.pp - 1 and last) or v == 1:
+            t += extra
+        out.append(t)
+    return out
+
+
+def p2p_times(comm_ops, par, times: Times, bound: str):
+    """p2p time of each chunk boundary k (chunk k on rank k % pp -> chunk k+1):
+    one send_recv of the stage boundary's message between those two ranks' nodes."""
+    sends = [c for c in comm_ops if c.axis == "pp" and c.collective == "send_recv" and c.direction == "send"]
+    if not sends:
+        return 0.0
+    nbytes, dtype = max(c.nbytes for c in sends), sends[0].dtype
+    cache = {}
+
+    def at(k):
+        a, b = par.rank_of(k % par.pp, 0, 0), par.rank_of((k + 1) % par.pp, 0, 0)
+        nodes = 1 if par.node_of(a) == par.node_of(b) else 2
+        if nodes not in cache:
+            cache[nodes] = times.comm("send_recv", nbytes, 2, nodes, dtype, bound)
+        return cache[nodes]
+    return at
+
+
+# ----------------------------------------------------------------------------- DP placement
+@dataclass
+class Call:
+    ready_s: float
+    duration_s: float
+    deadline_s: float | None      # gating all-gathers: compute of its unit starts here
+
+
+def _spread(interval_list, frac: float) -> float:
+    """The point at fraction frac of a list of (start, end) compute intervals
+    taken end to end."""
+    total = sum(b - a for a, b in interval_list)
+    want = frac * total
+    for a, b in interval_list:
+        if want <= (b - a) + 1e-15:
+            return a + want
+        want -= b - a
+    return interval_list[-1][1]
+
+
+def dp_calls(dp_ops, par, timeline, times: Times, bound: str) -> list:
+    """Every DP/ZeRO call of one stage's step with its ready time on the stage's
+    timeline (schedule.Op list), in issue order."""
+    m = par.num_microbatches
+    intervals = {}                    # (phase, micro-batch) -> [(start, end)] in time order
+    for op in timeline:
+        intervals.setdefault(("fwd" if op.kind == "F" else "bwd", op.microbatch), []).append((op.start_s, op.end_s))
+    calls = []
+    for phase in ("fwd", "bwd"):
+        ops = [c for c in dp_ops if c.phase == phase]
+        if not ops:
+            continue
+        per_mb = [(c, c.count // m, None) if c.count >= m and c.count % m == 0 else (c, c.count, m - 1) for c in ops]
+        singles = [(c, k) for c, k, _ in per_mb if k == 1]
+        total_single = sum(c.nbytes for c, _ in singles) or 1
+        for j in range(m):
+            ivs = sorted(intervals.get((phase, j), []))
+            if not ivs:
+                continue
+            done = 0.0
+            for c, k, only in per_mb:
+                if only is not None and j != only:
+                    continue
+                dur = times.comm_op(c, bound)
+                gating = c.collective in GATHERS
+                if k == 1:
+                    before, done = done, done + c.nbytes / total_single
+                    fr = [(before, done)]
+                else:
+                    fr = [(i / k, (i + 1) / k) for i in range(k)]
+                for i, (f0, f1) in enumerate(fr):
+                    if gating:      # prefetched when the unit before starts; its unit starts at f0
+                        prev = fr[i - 1][0] if i > 0 else f0
+                        calls.append(Call(_spread(ivs, prev), dur, _spread(ivs, f0)))
+                    else:           # its gradients are complete at the end of its part
+                        calls.append(Call(_spread(ivs, f1), dur, None))
+    calls.sort(key=lambda c: c.ready_s)
+    return calls
+
+
+def place_dp(calls, compute_end_s: float, comm_slowdown: float = 1.0, compute_slowdown: float = 1.0):
+    """Run the calls on one stream against the stage's compute, which ends at
+    compute_end_s unless gating all-gathers or interference hold it back.
+    Returns (exposed_s, hidden_s, comm_total_s)."""
+    free, shift, total = 0.0, 0.0, 0.0
+    for c in calls:
+        start = max(c.ready_s + shift, free)
+        under_compute = start < compute_end_s + shift
+        dur = c.duration_s * (comm_slowdown if under_compute else 1.0)
+        end = start + dur
+        total += dur
+        if under_compute and compute_slowdown > 1.0:
+            overlap = min(end, compute_end_s + shift) - start
+            shift += (compute_slowdown - 1.0) * max(0.0, overlap)
+        if c.deadline_s is not None and end > c.deadline_s + shift:
+            shift += end - (c.deadline_s + shift)          # compute waits for its parameters
+        free = end
+    tail = max(0.0, free - (compute_end_s + shift))
+    exposed = shift + tail
+    return exposed, max(0.0, total - exposed), total
+
+
+# ----------------------------------------------------------------------------- composition
+def model_flops(workload, par) -> float:
+    """FLOPs of one optimizer step over the whole job: every GEMM and attention op
+    once (no recompute), summed over stages, tp ranks and dp replicas."""
+    total = 0.0
+    for op in workload.compute_ops:
+        if op.kind in ("gemm", "attention") and not op.name.endswith("(recompute)"):
+            total += op.flops * op.count * (par.pp if op.stage < 0 else 1)
+    return total * par.tp * par.dp
+
+
+def compose(workload, par, times: Times, bound: str = "p50") -> dict:
+    """One composition at a bound: per-stage ends and the critical stage's parts."""
+    stages = stage_times(workload.compute_ops, workload.comm_ops, par, times, bound)
+    fwd, bwd = chunk_times(stages, par, "fwd"), chunk_times(stages, par, "bwd")
+    p2p = p2p_times(workload.comm_ops, par, times, bound)
+    kw = dict(schedule=par.schedule if par.pp > 1 else "1f1b", interleave=par.interleave if par.pp > 1 else 1)
+    pipe = schedule.simulate_pipeline(par.pp, par.num_microbatches, fwd, bwd, p2p, **kw)
+    free = schedule.simulate_pipeline(par.pp, par.num_microbatches, fwd, bwd, 0.0, **kw) if p2p else pipe
+    slow = times.interference
+    m = par.num_microbatches
+    parts = []
+    for r in range(par.pp):
+        st = stages[r]
+        end = max(op.end_s for op in pipe.timelines[r])
+        end_free = max(op.end_s for op in free.timelines[r])
+        dp_ops = [c for c in workload.comm_ops if c.axis == "dp" and c.stage == r and c.phase in ("fwd", "bwd")]
+        calls = dp_calls(dp_ops, par, pipe.timelines[r], times, bound)
+        exposed, hidden, _ = place_dp(calls, end, slow.get("comm", 1.0), slow.get("compute", 1.0))
+        compute = (st.fwd_s + st.bwd_s) * m
+        tp = (st.tp_fwd_s + st.tp_bwd_s) * m
+        busy = pipe.busy_s[r]
+        parts.append({
+            "stage": r,
+            "end_s": end + exposed + st.tp_step_s + st.pp_step_s + st.dp_step_s + st.optimizer_s,
+            "compute_s": compute,
+            "tp_exposed_s": tp + st.tp_step_s,
+            "bubble_s": max(0.0, end_free - busy),
+            "pp_exposed_s": max(0.0, end - end_free) + st.pp_step_s,
+            "dp_exposed_s": exposed + st.dp_step_s,
+            "hidden_comm_s": hidden,
+            "optimizer_s": st.optimizer_s,
+        })
+    return {"stages": parts, "critical": max(range(par.pp), key=lambda r: parts[r]["end_s"])}
+
+
+def predict(workload, par, times: Times, peak_tflops: float | None = None) -> StepBreakdown:
+    runs = {b: compose(workload, par, times, b) for b in BOUNDS}
+    main = runs["p50"]
+    crit = main["stages"][main["critical"]]
+    step = crit["end_s"]
+    if not step > 0 or not math.isfinite(step):
+        raise ValueError(f"predicted step time {step!r} s: the inputs give no time")
+    seq = workload.parallelism.get("seq") or workload.model["seq"]
+    tflops = model_flops(workload, par) / step / par.world / 1e12
+    keys = ("compute_s", "tp_exposed_s", "pp_exposed_s", "dp_exposed_s", "hidden_comm_s", "bubble_s", "optimizer_s")
+    lows = [runs["low"]["stages"][runs["low"]["critical"]]["end_s"], runs["high"]["stages"][runs["high"]["critical"]]["end_s"]]
+    return StepBreakdown(
+        step_time_s=step, samples_per_s=par.global_batch / step, tokens_per_s=par.global_batch * seq / step,
+        tflops_per_gpu=tflops, mfu=tflops / peak_tflops if peak_tflops else None,
+        breakdown={k: crit[k] for k in keys}, step_time_low_s=min(lows), step_time_high_s=max(lows),
+        critical_stage=main["critical"], stages=main["stages"], notes=sorted(times.notes.values()))
+
+
+# ----------------------------------------------------------------------------- inputs from files
+class MeasuredTimes(Times):
+    """Times from results files: collectives from a CommModel of the comm files
+    (falling back to a SystemSpec where the measurements cannot answer, with a
+    note), kernels from the compute files. An Adam shard of another size than
+    measured (dp changes it under ZeRO) is scaled from the measured rate per
+    element: the step is memory-bound, linear in its elements."""
+
+    def __init__(self, comm_model, compute_files=(), spec=None, interference=None, device=None):
+        super().__init__(comm_model, spec=spec, interference=interference)
+        self.compute_files, self.device = list(compute_files), device
+        self._adam = [m for rf in self.compute_files for m in rf.measurements
+                      if m.case.kind == "compute" and m.case.op == "adam" and m.status == "ok"]
+
+    def bind(self, ops):
+        from commbench.compute.runner import match
+        self.matched = match(ops, self.compute_files, self.device) if self.compute_files else {}
+        return self
+
+    def compute(self, op, bound):
+        if op not in self.matched and op.impl == "adam" and self._adam:
+            from commbench.compute.runner import TORCH_DTYPES
+            same = [m for m in self._adam if m.case.dtype == TORCH_DTYPES[op.dtype]] or self._adam
+            ref = max(same, key=lambda m: m.case.params["m"])
+            field_ = {"p50": "time_p50_s", "low": "ci_low_s", "high": "ci_high_s"}[bound]
+            self.notes.setdefault(("adam",), f"adam step scaled from a measured shard of {ref.case.params['m']} "
+                                             "elements (linear in elements)")
+            return op_time_s(ref, field_) * op.m / ref.case.params["m"]
+        return super().compute(op, bound)
+
+    def comm(self, collective, nbytes, group_size, num_nodes, dtype, bound):
+        if self.comm_model is None:
+            return self._spec_comm(collective, nbytes, group_size, num_nodes)
+        try:
+            return super().comm(collective, nbytes, group_size, num_nodes, dtype, bound)
+        except ValueError as e:
+            if self.spec is None:
+                raise
+            self.notes.setdefault((collective, group_size, num_nodes, "spec"),
+                                  f"spec: {collective} n={group_size} nodes={num_nodes} from {self.spec.name} ({e})")
+            return self._spec_comm(collective, nbytes, group_size, num_nodes)
+
+    def _spec_comm(self, collective, nbytes, group_size, num_nodes):
+        self.notes.setdefault(("comm-spec",), f"collective times from SystemSpec {self.spec.name} (not measured)")
+        return self.spec.collective_time_s(collective, nbytes, group_size, num_nodes)
+
+
+def interference_factors(path) -> dict:
+    """{"compute": f, "comm": f} from a `compute --interference` results file: the
+    pair with the most SMs busy (a training kernel's occupancy), or the CPU pair."""
+    from commbench import interference, results
+    pairs = interference.slowdowns(results.load(path))
+    if not pairs:
+        raise ValueError(f"{path}: no interference measurements (commbench compute --interference writes them)")
+    key = max(pairs, key=lambda p: (p.num_sms or 0))
+    f = pairs[key]
+    return {"compute": max(1.0, f.get("compute", 1.0)), "comm": max(1.0, f.get("collective", 1.0))}
+
+
+def load_times(comm_paths=(), compute_paths=(), system=None, interference_path=None, backend=None):
+    """MeasuredTimes from the files of `predict --comm/--compute/--system/--interference`."""
+    from commbench import results
+    from commbench import system as system_mod
+    from commbench.commmodel import CommModel
+    spec = system_mod.load(system) if system else None
+    if not comm_paths and spec is None:
+        raise ValueError("predict needs collective times: --comm RESULTS... or --system SPEC")
+    if not compute_paths and spec is None:
+        raise ValueError("predict needs kernel times: --compute RESULTS... or --system SPEC")
+    comm_files = [results.load(p) for p in comm_paths]
+    compute_files = [results.load(p) for p in compute_paths]
+    if compute_files and not any(m.case.kind == "compute" for rf in compute_files for m in rf.measurements):
+        raise ValueError(f"{', '.join(compute_paths)}: no compute measurements (commbench compute writes them)")
+    comm_model = CommModel.from_results(comm_files, backend=backend) if comm_files else None
+    slow = interference_factors(interference_path) if interference_path else None
+    devices = {m.case.device for rf in compute_files for m in rf.measurements if m.case.kind == "compute"}
+    return MeasuredTimes(comm_model, compute_files, spec=spec, interference=slow,
+                         device=devices.pop() if len(devices) == 1 else None)

@@ -1,0 +1,84 @@
+"""A plan predicted at several GPU counts: tp and pp held, dp grown with the
+world; weak scaling holds the micro-batch and the micro-batches per step (so
+the global batch grows with dp), strong scaling holds the global batch (so
+each replica gets fewer micro-batches). Efficiency = throughput per GPU
+relative to the first (smallest) count's."""
+import dataclasses
+
+from commbench import plan as plan_mod
+from commbench.parallel import Parallelism
+
+
+def parse_counts(text: str) -> list:
+    try:
+        counts = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--scale {text!r}: a comma-separated list of GPU counts, e.g. 8,16,32") from None
+    if not counts or any(c < 1 for c in counts):
+        raise ValueError(f"--scale {text!r}: GPU counts must be positive integers")
+    return sorted(set(counts))
+
+
+def plan_at(par: Parallelism, world: int, mode: str) -> Parallelism:
+    dp = world // (par.tp * par.pp) if world % (par.tp * par.pp) == 0 else 0
+    if dp == 0:
+        raise ValueError(f"{world} GPUs: not a multiple of tp x pp = {par.tp * par.pp}")
+    if mode == "weak":
+        gb = par.micro_batch * dp * par.num_microbatches
+    else:
+        gb = par.global_batch
+        if gb % (par.micro_batch * dp):
+            raise ValueError(f"strong scaling to {world} GPUs: global batch {gb} is not a multiple of "
+                             f"micro-batch x dp = {par.micro_batch} x {dp}")
+    return dataclasses.replace(par, world=world, dp=dp, global_batch=gb)
+
+
+def scale(model, par: Parallelism, counts, mode: str, times_for, predict_fn) -> list:
+    """One row per GPU count: the prediction's figures, its breakdown and the
+    scaling efficiency. times_for(workload) -> Times bound to the workload's ops."""
+    rows = []
+    for world in counts:
+        p = plan_at(par, world, mode)
+        workload = plan_mod.build(model, p)
+        times = times_for(workload)
+        sb = predict_fn(workload, p, times)
+        rows.append({"gpus": world, "dp": p.dp, "global_batch": p.global_batch, "step_time_s": sb.step_time_s,
+                     "samples_per_s": sb.samples_per_s, "tokens_per_s": sb.tokens_per_s,
+                     "tflops_per_gpu": sb.tflops_per_gpu, "mfu": sb.mfu, "breakdown": sb.breakdown,
+                     "extrapolated": any(n.startswith(("extrapolated", "spec:")) for n in sb.notes),
+                     "notes": sb.notes})
+    base = rows[0]["samples_per_s"] / rows[0]["gpus"]
+    for r in rows:
+        r["scaling_efficiency"] = (r["samples_per_s"] / r["gpus"]) / base
+    return rows
+
+
+def plot(rows: list, mode: str, title: str, path: str):
+    """Throughput and efficiency against GPUs, and the breakdown as stacked bars."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise ValueError("--plot needs matplotlib (pip install 'commbench[plot]')") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
+    gpus = [r["gpus"] for r in rows]
+    a.plot(gpus, [r["samples_per_s"] for r in rows], "o-", label="predicted")
+    a.plot(gpus, [rows[0]["samples_per_s"] * g / gpus[0] for g in gpus], "--", color="grey", label="linear")
+    a.set_xscale("log", base=2)
+    a.set_xlabel("GPUs")
+    a.set_ylabel("samples/s")
+    a.set_title(f"{title} ({mode} scaling)")
+    a.legend()
+    bottom = [0.0] * len(rows)
+    for key, name in (("compute_s", "compute"), ("tp_exposed_s", "TP"), ("pp_exposed_s", "PP"),
+                      ("dp_exposed_s", "DP/ZeRO"), ("bubble_s", "bubble"), ("optimizer_s", "optimizer")):
+        vals = [r["breakdown"][key] for r in rows]
+        b.bar([str(g) for g in gpus], vals, bottom=bottom, label=name)
+        bottom = [x + y for x, y in zip(bottom, vals)]
+    b.set_xlabel("GPUs")
+    b.set_ylabel("step time (s)")
+    b.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

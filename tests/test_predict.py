@@ -1,0 +1,184 @@
+"""Composition on synthetic workloads and time tables with hand-computed answers:
+pure DP, TP on the critical path, the 1F1B bubble, DP buckets hidden and
+exposed, ZeRO-3 gathers gating compute; the band, FLOPs and throughput."""
+import pytest
+
+from commbench import predict
+from commbench.parallel import Parallelism
+from commbench.workload import CommOp, ComputeOp, Workload
+
+MODEL = {"name": "synthetic", "seq": 100, "num_params": 0}
+
+
+class TableTimes(predict.Times):
+    """Times looked up by op name (compute) or label (comm), the same at every
+    bound unless a band is given as (low, p50, high)."""
+
+    def __init__(self, compute, comm, interference=None):
+        super().__init__(comm_model=None, interference=interference)
+        self.table_compute, self.table_comm = compute, comm
+
+    @staticmethod
+    def _at(v, bound):
+        if isinstance(v, tuple):
+            return {"low": v[0], "p50": v[1], "high": v[2]}[bound]
+        return v
+
+    def compute(self, op, bound):
+        return self._at(self.table_compute[op.name], bound)
+
+    def comm_op(self, c, bound):
+        return self._at(self.table_comm[c.label], bound)
+
+    def comm(self, collective, nbytes, group_size, num_nodes, dtype, bound):
+        return self._at(self.table_comm[collective], bound)
+
+
+def layer_ops(m, stages=-1, flops=1e9):
+    return [ComputeOp("layer fwd", "gemm", flops=flops, count=m, phase="fwd", stage=stages),
+            ComputeOp("layer bwd", "gemm", flops=2 * flops, count=m, phase="bwd", stage=stages)]
+
+
+def adam(stage=0):
+    return ComputeOp("adam", "optimizer", m=10, count=1, phase="step", stage=stage, scope="optimizer")
+
+
+def workload(par, compute, comm):
+    return Workload(model=MODEL, parallelism={"seq": 100}, compute_ops=compute, comm_ops=comm)
+
+
+def dp_op(label, nbytes, coll="all_reduce", count=1, phase="bwd", stage=0, group=2):
+    return CommOp(coll, "dp", group, 1, nbytes, count, phase, overlap=phase, label=label, stage=stage)
+
+
+def test_pure_dp_one_bucket_fully_exposed():
+    # m = 1: forward 10, backward 20, one bucket ready at the end of the backward: all 5 exposed
+    par = Parallelism(world=2, gpus_per_node=2)
+    w = workload(par, layer_ops(1) + [adam()], [dp_op("b1", 100)])
+    sb = predict.predict(w, par, TableTimes({"layer fwd": 10.0, "layer bwd": 20.0, "adam": 1.0}, {"b1": 5.0}))
+    assert sb.step_time_s == pytest.approx(10 + 20 + 5 + 1)
+    b = sb.breakdown
+    assert (b["compute_s"], b["dp_exposed_s"], b["optimizer_s"], b["hidden_comm_s"]) == (30, 5, 1, 0)
+    assert b["tp_exposed_s"] == b["pp_exposed_s"] == b["bubble_s"] == 0
+    assert sb.samples_per_s == pytest.approx(2 / 36) and sb.tokens_per_s == pytest.approx(200 / 36)
+
+
+def test_dp_buckets_hidden_then_exposed():
+    """Two buckets of 3:1 bytes are ready at 3/4 and 4/4 of a backward of 20
+    (t = 25 and 30 after the forward of 10)."""
+    par = Parallelism(world=2, gpus_per_node=2)
+    comm = [dp_op("first", 300), dp_op("last", 100)]
+    base = {"layer fwd": 10.0, "layer bwd": 20.0, "adam": 0.0}
+    # short first bucket: runs 25..29, hidden; last runs 30..32: 2 exposed
+    sb = predict.predict(workload(par, layer_ops(1) + [adam()], comm), par, TableTimes(base, {"first": 4, "last": 2}))
+    assert sb.step_time_s == pytest.approx(32)
+    assert sb.breakdown["dp_exposed_s"] == pytest.approx(2) and sb.breakdown["hidden_comm_s"] == pytest.approx(4)
+    # long first bucket: runs 25..45 (5 of it hidden), the last queues behind it: 45..47
+    sb = predict.predict(workload(par, layer_ops(1) + [adam()], comm), par,
+                         TableTimes(base, {"first": 20, "last": 2}))
+    assert sb.step_time_s == pytest.approx(47)
+    assert sb.breakdown["dp_exposed_s"] == pytest.approx(17) and sb.breakdown["hidden_comm_s"] == pytest.approx(5)
+
+
+def test_accumulation_buckets_only_in_last_microbatch():
+    # m = 3 micro-batches under no_sync: the bucket overlaps only the last backward
+    par = Parallelism(world=2, gpus_per_node=2, global_batch=6)
+    w = workload(par, layer_ops(3) + [adam()], [dp_op("first", 300), dp_op("last", 100)])
+    sb = predict.predict(w, par, TableTimes({"layer fwd": 1.0, "layer bwd": 2.0, "adam": 0.0}, {"first": 1.0,
+                                                                                                 "last": 0.5}))
+    # compute 9; last backward 7..9: first ready 8.5 -> 9.5, last 9.5 -> 10
+    assert sb.step_time_s == pytest.approx(10)
+    assert sb.breakdown["dp_exposed_s"] == pytest.approx(1.0)
+    assert sb.breakdown["hidden_comm_s"] == pytest.approx(0.5)
+
+
+def test_tp_collectives_on_the_critical_path():
+    par = Parallelism(world=2, gpus_per_node=2, tp=2, global_batch=2, micro_batch=1)
+    tp = [CommOp("all_reduce", "tp", 2, 1, 64, 2 * 2, "fwd", label="tp fwd"),
+          CommOp("all_reduce", "tp", 2, 1, 64, 2 * 2, "bwd", label="tp bwd"),
+          CommOp("all_reduce", "tp", 2, 1, 64, 1, "step", label="tp once")]
+    w = workload(par, layer_ops(2) + [adam()], tp)
+    sb = predict.predict(w, par, TableTimes({"layer fwd": 3.0, "layer bwd": 6.0, "adam": 1.0},
+                                            {"tp fwd": 0.5, "tp bwd": 0.25, "tp once": 2.0}))
+    # per micro-batch: 3 + 2 x 0.5 forward, 6 + 2 x 0.25 backward; 2 micro-batches; then 2 + 1
+    assert sb.step_time_s == pytest.approx(2 * (4 + 6.5) + 2 + 1)
+    assert sb.breakdown["tp_exposed_s"] == pytest.approx(2 * (1 + 0.5) + 2)
+    assert sb.breakdown["compute_s"] == pytest.approx(18)
+
+
+@pytest.mark.parametrize("m", [2, 4, 8])
+def test_1f1b_bubble(m):
+    pp = 4
+    par = Parallelism(world=pp, gpus_per_node=pp, pp=pp, global_batch=m)
+    w = workload(par, layer_ops(m) + [adam(s) for s in range(pp)], [])
+    f, b = 1.0, 2.0
+    sb = predict.predict(w, par, TableTimes({"layer fwd": f, "layer bwd": b, "adam": 0.5}, {}))
+    # (m + pp - 1)(f + b): the bubble is (pp - 1)(f + b)
+    assert sb.step_time_s == pytest.approx((m + pp - 1) * (f + b) + 0.5)
+    assert sb.breakdown["bubble_s"] == pytest.approx((pp - 1) * (f + b))
+    assert sb.breakdown["pp_exposed_s"] == 0
+
+
+def test_pp_p2p_is_pp_exposed_and_tied_embedding_allreduce():
+    pp, m = 2, 1
+    par = Parallelism(world=pp, gpus_per_node=pp, pp=pp, global_batch=m)
+    comm = [CommOp("send_recv", "pp", 2, 1, 10, 1, "fwd", label="s", stage=0, peer=1, direction="send"),
+            CommOp("all_reduce", "pp", 2, 1, 10, 1, "step", label="tied", stage=0),
+            CommOp("all_reduce", "pp", 2, 1, 10, 1, "step", label="tied", stage=1)]
+    w = workload(par, layer_ops(m) + [adam(0), adam(1)], comm)
+    sb = predict.predict(w, par, TableTimes({"layer fwd": 1.0, "layer bwd": 2.0, "adam": 0.0},
+                                            {"send_recv": 0.5, "tied": 0.25}))
+    # F0 0..1, p2p, F1 1.5..2.5, B1 2.5..4.5, p2p, B0 5..7; then the tied all-reduce
+    assert sb.step_time_s == pytest.approx(7.25)
+    assert sb.breakdown["pp_exposed_s"] == pytest.approx(1.0 + 0.25)
+    assert sb.breakdown["bubble_s"] == pytest.approx(3.0)
+
+
+def test_zero3_first_gather_exposed_rest_prefetched():
+    """4 units of forward 1 each; 4 gathers of 0.5 prefetched one unit ahead: the
+    first (issued at 0, needed at 0) holds compute 0.5, the rest arrive in time."""
+    par = Parallelism(world=2, gpus_per_node=2, zero=3)
+    comm = [dp_op("gather", 100, coll="all_gather", count=4, phase="fwd")]
+    w = workload(par, layer_ops(1) + [adam()], comm)
+    sb = predict.predict(w, par, TableTimes({"layer fwd": 4.0, "layer bwd": 8.0, "adam": 0.0}, {"gather": 0.5}))
+    assert sb.step_time_s == pytest.approx(12.5)
+    assert sb.breakdown["dp_exposed_s"] == pytest.approx(0.5)
+    assert sb.breakdown["hidden_comm_s"] == pytest.approx(1.5)
+    # gathers slower than the units they feed: each waits; exposed = 4 x 1.5 - 3 x 1 = 3
+    sb = predict.predict(w, par, TableTimes({"layer fwd": 4.0, "layer bwd": 8.0, "adam": 0.0}, {"gather": 1.5}))
+    assert sb.breakdown["dp_exposed_s"] == pytest.approx(3.0)
+
+
+def test_interference_slows_overlapped_comm_and_compute():
+    par = Parallelism(world=2, gpus_per_node=2)
+    w = workload(par, layer_ops(1) + [adam()], [dp_op("first", 300), dp_op("last", 100)])
+    base = {"layer fwd": 10.0, "layer bwd": 20.0, "adam": 0.0}
+    sb = predict.predict(w, par, TableTimes(base, {"first": 4, "last": 2},
+                                            interference={"comm": 1.5, "compute": 1.25}))
+    # first runs under compute 25..31 (x1.5) and slows it by 0.25 x 5 (the overlap up to 30):
+    # compute ends 31.25, the last (ready 30 + 1.25) starts 31.25 after compute: 2 more
+    assert sb.step_time_s == pytest.approx(33.25)
+
+
+def test_band_and_model_flops():
+    par = Parallelism(world=2, gpus_per_node=2)
+    w = workload(par, layer_ops(1, flops=3e12) + [adam()], [dp_op("b1", 100)])
+    sb = predict.predict(w, par, TableTimes({"layer fwd": (9.0, 10.0, 12.0), "layer bwd": (18.0, 20.0, 24.0),
+                                             "adam": 0.0}, {"b1": (4.0, 5.0, 7.0)}), peak_tflops=1.0)
+    assert (sb.step_time_low_s, sb.step_time_s, sb.step_time_high_s) == pytest.approx((31, 35, 43))
+    # 3e12 + 6e12 FLOPs per replica x 2 replicas over 35 s on 2 GPUs
+    assert sb.tflops_per_gpu == pytest.approx(18e12 / 35 / 2 / 1e12)
+    assert sb.mfu == pytest.approx(sb.tflops_per_gpu)
+
+
+def test_parts_sum_to_step_time_on_a_real_plan():
+    from commbench import models, plan, system
+    from commbench.commmodel import CommModel
+    spec = system.load("polaris")
+    for kw in (dict(tp=4, pp=2, global_batch=64), dict(zero=3, global_batch=32), dict(pp=4, interleave=2,
+                                                                                    global_batch=64)):
+        par = Parallelism(world=32, gpus_per_node=4, **kw)
+        w = plan.build(models.get("gpt3-1.3b"), par)
+        sb = predict.predict(w, par, predict.Times(CommModel.from_system(spec), spec=spec))
+        parts = sum(v for k, v in sb.breakdown.items() if k != "hidden_comm_s")
+        assert parts == pytest.approx(sb.step_time_s, rel=1e-9), kw
