@@ -54,10 +54,11 @@ from commbench import models, plan
 from commbench.parallel import Parallelism
 from commbench.strategies import ddp, pp, tp
 from commbench.strategies.common import grad_bytes, rank_params
+from commbench.training import lm_loss, stage_module, tp_plan
 from traffic import gloo_ops, record
 
-from test_strategy_pp import _loss, _stage_module, log_p2p_ops, p2p_table
-from test_strategy_tp import MARKER, _tp_plan, issued, per_phase
+from test_strategy_pp import log_p2p_ops, p2p_table
+from test_strategy_tp import MARKER, issued, per_phase
 
 TPDP = dict(world=4, gpus_per_node=4, tp=2, dp=2, zero=0, micro_batch=2, global_batch=4, dtype="fp32")
 PPDP = dict(world=4, gpus_per_node=4, pp=2, dp=2, zero=0, micro_batch=1, global_batch=8, dtype="fp32")
@@ -83,7 +84,7 @@ def tp_dp_step(rank, world):
     for ci, bucket_mb in enumerate(BUCKETS):
         par = Parallelism(**TPDP, bucket_mb=bucket_mb)
         model = torch_model.build(spec)
-        parallelize_module(model, mesh["tp"], _tp_plan(spec, sp=False))
+        parallelize_module(model, mesh["tp"], tp_plan(spec, sp=False))
         _pre_dp_module_transform(model)
         model = DDP(model, process_group=mesh["dp"].get_group(), **ddp.ddp_kwargs(par))
         opt = torch.optim.SGD(model.parameters(), lr=1e-3)
@@ -185,12 +186,12 @@ def pp_dp_step(rank, world, bucket_mb, logdir):
     pp_groups = {g: dist.new_group(list(g)) for g in par.groups["pp"]}
     dp_group = next(v for g, v in dp_groups.items() if rank in g)
     pp_group = next(v for g, v in pp_groups.items() if rank in g)
-    mod = DDP(_stage_module(spec, pp_i, par.pp), process_group=dp_group, **ddp.ddp_kwargs(par))
+    mod = DDP(stage_module(spec, pp_i, par.pp), process_group=dp_group, **ddp.ddp_kwargs(par))
     stage = PipelineStage(mod, pp_i, par.pp, torch.device("cpu"), group=pp_group)
     log = []
     log_p2p_ops(stage, log)
     m = par.num_microbatches
-    sched = Schedule1F1B(stage, m, loss_fn=_loss)
+    sched = Schedule1F1B(stage, m, loss_fn=lm_loss)
     gen = torch.Generator().manual_seed(1 + dp_i)              # same batch along a pipeline
     tokens = torch.randint(0, spec.vocab, (par.micro_batch * m, spec.seq), generator=gen)
     target = torch.randint(0, spec.vocab, (par.micro_batch * m, spec.seq), generator=gen)

@@ -11,6 +11,7 @@ import torch.distributed as dist
 from commbench import models, torch_model
 from commbench.parallel import DTYPE_BYTES, Parallelism
 from commbench.strategies import fsdp
+from commbench.training import stage_module
 from traffic import record
 
 # --- comm_ops by hand ---------------------------------------------------------------
@@ -286,21 +287,6 @@ def test_proof_padding_three_ranks():
 
 # --- THE PROOF with pipeline parallelism: FSDP inside torch.distributed.pipelining ----
 
-def _stage_module(spec, k, pp):
-    """Stage k of pp of a torch_model.Transformer: its layers; the first keeps the
-    embedding (+ positions), the last the final norm and its own output layer."""
-    m = torch_model.build(spec)
-    per = spec.num_layers // pp
-    for i in list(m.layers.keys()):
-        if not k * per <= int(i) < (k + 1) * per:
-            del m.layers[i]
-    if k != 0:
-        m.embed, m.pos = None, None
-    if k != pp - 1:
-        m.norm, m.head = None, None
-    return m
-
-
 def _pp_run(rank, world, name, pp, mbs, jobs):
     """pp x dp ranks in Megatron order (dp fastest): every stage module fully_shard'ed
     over its dp group, driven by torch's Schedule1F1B / ScheduleGPipe; markers on the
@@ -316,7 +302,7 @@ def _pp_run(rank, world, name, pp, mbs, jobs):
     tokens = torch.randint(0, spec.vocab, (mbs, spec.seq), generator=torch.Generator().manual_seed(1))
     runs = []
     for sched, raf in jobs:
-        mod = _stage_module(spec, s, pp)
+        mod = stage_module(spec, s, pp)
         fsdp.apply_fully_shard(mod, mesh["dp"], reshard_after_forward=raf)
         stage = PipelineStage(mod, s, pp, torch.device("cpu"), group=mesh["pp"].get_group())
         on = [False]

@@ -13,6 +13,7 @@ from commbench import models
 from commbench.models import ModelSpec
 from commbench.parallel import Parallelism
 from commbench.strategies import pp
+from commbench.training import lm_loss, stage_module
 
 LABEL = re.compile(r"^(fwd|bwd) (send to|recv from) stage (\d+)")
 
@@ -179,25 +180,6 @@ def test_tied_embedding_only_for_tied_models():
 B, M = 2, 4          # micro-batch size, micro-batches per step
 
 
-def _stage_module(spec, k, nvirt):
-    from commbench import torch_model
-    m = torch_model.build(spec)
-    per = spec.num_layers // nvirt
-    for i in list(m.layers.keys()):
-        if not k * per <= int(i) < (k + 1) * per:
-            del m.layers[i]
-    if k != 0:
-        m.embed, m.pos = None, None
-    if k != nvirt - 1:
-        m.norm, m.head = None, None
-    return m
-
-
-def _loss(logits, target):
-    import torch.nn.functional as F
-    return F.cross_entropy(logits.flatten(0, 1), target.flatten())
-
-
 def log_p2p_ops(stage, log: list):
     """Make a PipelineStage append (phase, kind, peer, numel) to log for every p2p op
     it builds: the profiler's c10d::send / c10d::recv_ events carry no peer."""
@@ -218,15 +200,15 @@ def _pipeline_step(rank, world, name, schedule, v, logdir):
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
     spec = models.get(name)
     nvirt = world * v
-    mods = [_stage_module(spec, c * world + rank, nvirt) for c in range(v)]
+    mods = [stage_module(spec, c * world + rank, nvirt) for c in range(v)]
     stages = [PipelineStage(mod, c * world + rank, nvirt, torch.device("cpu")) for c, mod in enumerate(mods)]
     log = []
     for st in stages:
         log_p2p_ops(st, log)
     if schedule == "interleaved":
-        sched = ScheduleInterleaved1F1B(stages, M, loss_fn=_loss)
+        sched = ScheduleInterleaved1F1B(stages, M, loss_fn=lm_loss)
     else:
-        sched = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule](stages[0], M, loss_fn=_loss)
+        sched = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule](stages[0], M, loss_fn=lm_loss)
     emb_group = None
     if spec.tied_embeddings:
         emb_group = dist.new_group([0, world - 1]) if world > 2 else dist.group.WORLD

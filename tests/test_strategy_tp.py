@@ -58,6 +58,7 @@ from commbench import models
 from commbench.parallel import Parallelism
 from commbench.strategies import tp
 from commbench.strategies.common import rank_params
+from commbench.training import tp_plan
 from traffic import record
 
 MARKER = "c10d::commbench_marker"
@@ -211,34 +212,6 @@ def _plan(world, sp, recompute, m):
                        dtype="fp32", recompute=recompute)
 
 
-def _tp_plan(spec, sp):
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                                   SequenceParallel)
-    seq = {"input_layouts": Shard(1)} if sp else {}
-    cols = ["attn.q", "attn.k", "attn.v"] + (["mlp.gate", "mlp.up"] if spec.gated_mlp else ["mlp.up"])
-    plan = {}
-    for i in range(spec.num_layers):
-        for c in cols:
-            plan[f"layers.{i}.{c}"] = ColwiseParallel(**seq)
-        for r in ("attn.o", "mlp.down"):
-            plan[f"layers.{i}.{r}"] = RowwiseParallel(**({"output_layouts": Shard(1)} if sp else {}))
-        if sp:
-            plan[f"layers.{i}.norm1"] = plan[f"layers.{i}.norm2"] = SequenceParallel()
-    plan["head"] = ColwiseParallel(**seq, output_layouts=Shard(-1), use_local_output=False)
-    if not sp:
-        plan["embed"] = RowwiseParallel(input_layouts=Replicate())
-    elif spec.arch == "gpt":    # add the positions to the full sequence, then split it
-        plan["embed"] = RowwiseParallel(input_layouts=Replicate())
-        plan["layers.0"] = PrepareModuleInput(input_layouts=Replicate(), desired_input_layouts=Shard(1),
-                                              use_local_output=True)
-    else:
-        plan["embed"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
-    if sp:
-        plan["norm"] = SequenceParallel()
-    return plan
-
-
 def tp_steps(rank, world, key):
     """Module-level (spawned ranks import it): builds every configuration of CONFIGS[key],
     runs a warm-up step of each (one micro-batch: DTensor has no first-step-only
@@ -263,7 +236,7 @@ def tp_steps(rank, world, key):
                     torch.randint(0, spec.vocab, (B, spec.seq), generator=gen)) for _ in range(m)]
         with torch.no_grad():
             ref = F.cross_entropy(copy.deepcopy(model)(batches[0][0]).flatten(0, 1), batches[0][1].flatten())
-        parallelize_module(model, mesh, _tp_plan(spec, sp))
+        parallelize_module(model, mesh, tp_plan(spec, sp))
         if spec.tied_embeddings:
             model.head.weight = model.embed.weight
         # the local shards are those that strategies/common.rank_params describes
