@@ -137,6 +137,19 @@ def build_parser() -> Parser:
     mode.add_argument("--strong", dest="mode", action="store_const", const="strong", help="hold the global batch")
     g.add_argument("--plot", default=None, help="with --scale: write a PNG of the scaling curves here")
     pr.add_argument("--json", action="store_true", help="print the StepBreakdown as one JSON document")
+    v = sub.add_parser("validate", help="real training steps of a plan against its prediction")
+    planflags.add(v, required=False)
+    g = v.add_argument_group("validation")
+    g.add_argument("--nprocs", type=int, default=None,
+                   help="without a launcher, spawn this many local ranks (default 2 on cpu, one per GPU)")
+    g.add_argument("--device", default="auto", help="cpu, cuda, or auto (cuda when a GPU is visible)")
+    g.add_argument("--steps", type=int, default=5, help="timed training steps (default 5)")
+    g.add_argument("--warmup-steps", type=int, default=2, help="untimed training steps first (default 2)")
+    g.add_argument("--timeout", type=float, default=300.0, help="rendezvous/collective timeout in seconds")
+    g.add_argument("--out-dir", default=None,
+                   help="where comm.jsonl, compute.jsonl and validate.json go (default results/validate-TIMESTAMP)")
+    g.add_argument("--force", action="store_true", help="overwrite the files in --out-dir")
+    v.add_argument("--json", action="store_true", help="print the report as one JSON document")
     e = sub.add_parser("env", help="print what a run records about the machine")
     e.add_argument("--json", action="store_true", help="one JSON document on stdout")
     e.add_argument("--backend", default="torch", help="backend used to gather the ranks under a launcher")
@@ -339,6 +352,72 @@ def cmd_predict(a) -> int:
     return EXIT_OK
 
 
+def _validate_plan(a, world: int, gpus_per_node: int, device: str):
+    """The plan of `validate` on a job of `world` ranks: the job's size by
+    default, fp32 on a CPU unless --dtype says otherwise (CPU kernels in 16 bits
+    are slow emulations, not what a CPU run is for)."""
+    defaults = {"world": world, "gpus_per_node": gpus_per_node}
+    if device == "cpu":
+        defaults["dtype"] = "fp32"
+    model, par = planflags.from_args(a, defaults)
+    if par.world != world:
+        raise ValueError(f"the plan is for {par.world} GPUs but this job has {world} ranks")
+    return model, par
+
+
+def cmd_validate(a, argv) -> int:
+    from commbench import launch as launch_mod
+    if a.steps < 1 or a.warmup_steps < 0:
+        raise ValueError(f"--steps must be >= 1 and --warmup-steps >= 0, got {a.steps} and {a.warmup_steps}")
+    if a.device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"unknown device {a.device!r}: choose cpu, cuda or auto")
+    info = launch_mod.detect()
+    if info.launcher == "none":
+        if a.nprocs is not None and a.nprocs < 1:
+            raise ValueError(f"--nprocs must be at least 1, got {a.nprocs}")
+        guess = a.nprocs or 2
+        _validate_plan(a, guess, guess, "cpu" if a.device == "auto" else a.device)   # fails fast on a bad plan
+        device = _device(a.device, "torch")
+        nprocs = a.nprocs
+        if nprocs is None:
+            import torch
+            nprocs = torch.cuda.device_count() if device == "cuda" else 2
+        _validate_plan(a, nprocs, nprocs, device)
+        out_dir = a.out_dir or os.path.join("results", "validate-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
+        if os.path.exists(os.path.join(out_dir, "validate.json")) and not a.force:
+            raise ValueError(f"{out_dir} holds a validation: commbench never overwrites results "
+                             "(use --force or another --out-dir)")
+        os.makedirs(out_dir, exist_ok=True)
+        child = list(argv) if a.out_dir else [*argv, "--out-dir", out_dir]
+        return launch_mod.spawn_local(nprocs, child, use_mpiexec=False)
+    from commbench import validate
+    device = _device(a.device, "torch")
+    model, par = _validate_plan(a, info.world_size, info.local_world_size, device)
+    out_dir = a.out_dir or os.path.join("results", "validate-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
+    if info.rank == 0:
+        os.makedirs(out_dir, exist_ok=True)
+    launch_mod.set_cpu_threads(info, device)
+    doc = validate.run_on_rank(model, par, info, device, a.steps, a.warmup_steps, out_dir, ["commbench", *argv],
+                               overwrite=a.force, timeout_s=a.timeout)
+    if doc is None:
+        return EXIT_OK
+    path = validate.write(doc, out_dir, overwrite=a.force)
+    if a.json:
+        print(json.dumps(doc))
+        return EXIT_OK
+    from rich.console import Console
+    from commbench import console
+    from commbench.predict import StepBreakdown
+    con = Console(width=200)
+    con.print(f"{doc['implementation']}")
+    con.print(f"measured {doc['measured_step_time_s'] * 1e3:.2f} ms per step (median of {len(doc['measured_steps_s'])}; "
+              f"{doc['measured_min_s'] * 1e3:.2f} - {doc['measured_max_s'] * 1e3:.2f} ms)   "
+              f"predicted {doc['predicted_step_time_s'] * 1e3:.2f} ms   error {doc['error_pct']:+.1f} %")
+    console.print_breakdown(StepBreakdown(**doc["prediction"]), con)
+    con.print(f"results: {path}")
+    return EXIT_OK
+
+
 def cmd_show(a) -> int:
     from commbench import console, results
     rf = results.load(a.file)
@@ -451,6 +530,8 @@ def main(argv=None) -> int:
             return cmd_compute(a, list(argv))
         if a.verb == "predict":
             return cmd_predict(a)
+        if a.verb == "validate":
+            return cmd_validate(a, list(argv))
         return cmd_env(a)
     except (UsageError, ValueError) as e:
         print(f"commbench: error: {e}" if not str(e).startswith("commbench") else str(e), file=sys.stderr)

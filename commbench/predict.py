@@ -87,6 +87,9 @@ class Times:
         self.interference = interference or {}
         self.notes = {}
 
+    def measured(self, op) -> bool:
+        return op in self.matched
+
     def compute(self, op, bound: str) -> float:
         m = self.matched.get(op)
         if m is not None:
@@ -126,10 +129,25 @@ class StageTimes:
     optimizer_s: float = 0.0
 
 
+# module-level scopes and the kernel-level scopes they stand in for
+MODULE_SCOPES = {"layer_module": "layer", "head_module": "head"}
+
+
+def granularity(ops, times: Times) -> list:
+    """The ops that make up the step, each piece of work once: a layer (or the
+    head) timed as one module where all of its module ops were measured, else
+    its kernels (measured, or from a SystemSpec)."""
+    skip = set()
+    for module_scope, kernel_scope in MODULE_SCOPES.items():
+        mods = [op for op in ops if op.scope == module_scope]
+        skip.add(kernel_scope if mods and all(times.measured(op) for op in mods) else module_scope)
+    return [op for op in ops if op.scope not in skip]
+
+
 def stage_times(workload_ops, comm_ops, par, times: Times, bound: str) -> list:
     m = par.num_microbatches
     out = [StageTimes() for _ in range(par.pp)]
-    for op in workload_ops:
+    for op in granularity(workload_ops, times):
         t = times.compute(op, bound)
         for s in (range(par.pp) if op.stage < 0 else [op.stage]):
             st = out[s]
@@ -137,10 +155,10 @@ def stage_times(workload_ops, comm_ops, par, times: Times, bound: str) -> list:
                 st.optimizer_s += t * op.count
             elif op.phase == "fwd":
                 st.fwd_s += t * op.count / m
-                st.layer_fwd_s += t * op.count / m if op.scope == "layer" else 0.0
+                st.layer_fwd_s += t * op.count / m if op.scope in ("layer", "layer_module") else 0.0
             else:
                 st.bwd_s += t * op.count / m
-                st.layer_bwd_s += t * op.count / m if op.scope == "layer" else 0.0
+                st.layer_bwd_s += t * op.count / m if op.scope in ("layer", "layer_module") else 0.0
     for c in comm_ops:
         st = out[c.stage]
         if c.axis == "tp":
@@ -284,7 +302,7 @@ def model_flops(workload, par) -> float:
     once (no recompute), summed over stages, tp ranks and dp replicas."""
     total = 0.0
     for op in workload.compute_ops:
-        if op.kind in ("gemm", "attention") and not op.name.endswith("(recompute)"):
+        if op.kind in ("gemm", "attention") and op.scope in ("layer", "head") and not op.name.endswith("(recompute)"):
             total += op.flops * op.count * (par.pp if op.stage < 0 else 1)
     return total * par.tp * par.dp
 

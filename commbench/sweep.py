@@ -139,12 +139,15 @@ def one_hot(backend, value) -> np.ndarray:
     return v
 
 
-def run(config, launch, argv, out_path, overwrite=False, reporter=None, plan=None, isolated=False):
+def run(config, launch, argv, out_path, overwrite=False, reporter=None, plan=None, isolated=False, backend=None):
     """Run the sweep (or, with plan = (model, Parallelism), the plan's collectives)
     on this rank. Returns (the ResultFile on rank 0, else None; the number of wrong
-    elements over all cases and ranks, on every rank)."""
-    backend = backends.create(config.backend, launch, config.device, config.timeout_s,
-                              **({"dist_backend": config.dist_backend} if config.backend == "torch" else {}))
+    elements over all cases and ranks, on every rank). A backend passed in (shared
+    with other work of the same job) is used and left open."""
+    own = backend is None
+    if own:
+        backend = backends.create(config.backend, launch, config.device, config.timeout_s,
+                                  **({"dist_backend": config.dist_backend} if config.backend == "torch" else {}))
     try:
         ranks = backend.control_allgather(env.rank_info(launch, config.device))
         hosts = [r["host"] for r in ranks]
@@ -195,4 +198,5 @@ def run(config, launch, argv, out_path, overwrite=False, reporter=None, plan=Non
             reporter.finish()
         return (result if backend.rank == 0 else None), total_wrong
     finally:
-        backend.close()
+        if own:
+            backend.close()

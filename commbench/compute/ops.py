@@ -214,20 +214,68 @@ def optimizer_ops(model: ModelSpec, par: Parallelism) -> list:
     copy = e if e < 4 else 0
     ops = []
     for stage in range(par.pp):
-        numel = sum(p.numel for p in rank_params(model, par, stage))
+        params = rank_params(model, par, stage)
+        numel, tensors = sum(p.numel for p in params), len(params)
         if par.zero >= 1:
             numel = -(-numel // par.dp)
-        ops.append(ComputeOp(name="adam step", kind="optimizer", m=numel, n=1, flops=float(ADAM_FLOPS_PER_ELEMENT * numel),
+        if par.zero == 1:
+            # ZeroRedundancyOptimizer gives each rank whole parameters (about 1/dp
+            # of them); FSDP (ZeRO-2/3) shards every parameter over dp
+            tensors = -(-tensors // par.dp)
+        ops.append(ComputeOp(name="adam step", kind="optimizer", m=numel, n=tensors,
+                             flops=float(ADAM_FLOPS_PER_ELEMENT * numel),
                              nbytes=numel * (ADAM_STATE_RW_BYTES + eg + copy), count=1, phase="step",
                              dtype=par.dtype, impl="adam", stage=stage, scope="optimizer"))
     return ops
 
 
+def _module_op(name, impl, kernel_ops, phase, count, scope, stage, params, dtype):
+    """One module's forward or backward as a single timed call (kind 'other'):
+    its FLOPs and bytes are those of its kernels of that phase."""
+    mine = [op for op in kernel_ops if op.phase == phase and "(recompute)" not in op.name]
+    return ComputeOp(name=name, kind="other", m=params["tokens"], n=params["hidden"],
+                     flops=float(sum(op.flops for op in mine)), nbytes=sum(op.nbytes for op in mine), count=count,
+                     phase="fwd" if phase == "fwd" else "bwd", dtype=dtype, impl=impl, stage=stage, scope=scope,
+                     params=tuple(sorted(params.items())))
+
+
+def module_ops(model: ModelSpec, par: Parallelism, count_layers: int, count_head: int) -> list:
+    """The same work timed a module at a time, as a framework runs it: a
+    transformer layer at the rank's TP shard (commbench.compute.modules), and the
+    head (final norm, logits, cross-entropy), forward and backward. Their times
+    include what the kernel sum leaves out: launch and autograd overhead,
+    framework glue, fusion. The predictor uses them where they are measured
+    (scope layer_module / head_module in place of layer / head)."""
+    t = par.tp
+    kv_heads = max(1, model.kv_heads // t)
+    common = {"arch": model.arch, "hidden": model.hidden, "tokens": par.micro_batch * par.seq_for(model),
+              "micro_batch": par.micro_batch, "seq": par.seq_for(model), "heads": model.heads // t,
+              "kv_heads": kv_heads, "head_dim": model.head_dim, "ffn": model.ffn_hidden // t}
+    layer = layer_ops(model, replace(par, recompute="none"), 1)
+    ops = [_module_op("layer fwd (module)", "layer_fwd", layer, "fwd", count_layers, "layer_module", -1, common,
+                      par.dtype),
+           _module_op("layer bwd (module)", "layer_bwd", layer, "bwd", count_layers, "layer_module", -1, common,
+                      par.dtype)]
+    if par.recompute == "full":
+        ops.append(replace(ops[0], name="layer fwd (module, recompute)", phase="bwd"))
+    elif par.recompute == "selective":
+        att = next(op for op in attention_ops(model, par, count_layers) if op.name == "attention fwd (recompute)")
+        ops.append(replace(att, scope="layer_module"))
+    head = head_ops(model, par, 1)
+    hp = dict(common, vocab=-(-model.vocab // t))
+    ops += [_module_op("head fwd (module)", "head_fwd", head, "fwd", count_head, "head_module", par.pp - 1, hp,
+                       par.dtype),
+            _module_op("head bwd (module)", "head_bwd", head, "bwd", count_head, "head_module", par.pp - 1, hp,
+                       par.dtype)]
+    return ops
+
+
 def compute_ops(model: ModelSpec, par: Parallelism) -> list:
     """Every ComputeOp of one optimizer step, per rank: the layer ops (stage -1:
-    every stage runs L/pp layers), stage 0's embedding, the last stage's head and
-    each stage's optimizer step. Counts are per optimizer step."""
+    every stage runs L/pp layers), stage 0's embedding, the last stage's head,
+    each stage's optimizer step, and the layer and head again as whole modules
+    (an alternative granularity, not extra work). Counts are per optimizer step."""
     m = par.num_microbatches
     layers = model.num_layers // par.pp
     return (layer_ops(model, par, layers * m) + embedding_ops(model, par, m) + head_ops(model, par, m)
-            + optimizer_ops(model, par))
+            + optimizer_ops(model, par) + module_ops(model, par, layers * m, m))

@@ -1,7 +1,8 @@
-"""The optimizer step: torch's Adam (foreach, or fused on GPU) over one flat
-fp32 parameter of the rank's shard; with 16-bit training the updated master
-weights are then copied into the 16-bit parameters, as mixed-precision
-training does.
+"""The optimizer step: torch's Adam (foreach, or fused on GPU) over the rank's
+shard as as many fp32 tensors as it has parameters (op.n, the elements split
+evenly: the per-tensor cost is part of a real step); with 16-bit training the
+updated master weights are then copied into the 16-bit parameters, as
+mixed-precision training does.
 
 A shard larger than MAX_NUMEL elements is timed on MAX_NUMEL and scaled
 linearly (Adam is memory-bound: its time is proportional to the elements); the
@@ -12,23 +13,28 @@ MAX_NUMEL = {"cpu": 1 << 24, "cuda": 1 << 28}
 
 
 def timed_numel(op, device) -> int:
-    return min(op.m, MAX_NUMEL["cuda" if device.startswith("cuda") else "cpu"])
+    return min(op.m, MAX_NUMEL["cuda" if str(device).startswith("cuda") else "cpu"])
 
 
 def prepare(op, device, dtype):
     n = timed_numel(op, device)
-    master = torch.zeros(n, device=device, dtype=torch.float32, requires_grad=True)
-    master.grad = torch.full((n,), 1e-3, device=device, dtype=torch.float32)
-    opt = torch.optim.Adam([master], lr=1e-4, fused=device.startswith("cuda") or None,
-                           foreach=None if device.startswith("cuda") else True)
+    tensors = max(1, min(op.n or 1, n))
+    sizes = [n // tensors + (1 if i < n % tensors else 0) for i in range(tensors)]
+    masters = []
+    for size in sizes:
+        p = torch.zeros(size, device=device, dtype=torch.float32, requires_grad=True)
+        p.grad = torch.full((size,), 1e-3, device=device, dtype=torch.float32)
+        masters.append(p)
+    cuda = str(device).startswith("cuda")
+    opt = torch.optim.Adam(masters, lr=1e-4, fused=True if cuda else None, foreach=None if cuda else True)
     if dtype == torch.float32:
         return opt.step
-    low = torch.empty(n, device=device, dtype=dtype)
+    low = [torch.empty_like(p, dtype=dtype) for p in masters]
 
     def step():
         opt.step()
         with torch.no_grad():
-            low.copy_(master)
+            torch._foreach_copy_(low, masters)
     return step
 
 

@@ -11,8 +11,10 @@ from rich.table import Table
 
 from commbench.compute.runner import op_time_s
 
-SCOPES = (("layer", "transformer layer (one micro-batch)"), ("embedding", "embedding (first stage)"),
-          ("head", "head (last stage)"), ("optimizer", "optimizer step"))
+SCOPES = (("layer", "transformer layer, kernel by kernel (one micro-batch)"),
+          ("layer_module", "transformer layer as one module (one micro-batch)"),
+          ("embedding", "embedding (first stage)"), ("head", "head, kernel by kernel (last stage)"),
+          ("head_module", "head as one module (last stage)"), ("optimizer", "optimizer step"))
 
 
 def json_doc(ops, matched) -> dict:
@@ -79,7 +81,15 @@ def print_tables(ops, matched, console: Console | None = None):
 
 def stage_totals(ops, matched) -> dict:
     """stage -> {fwd, bwd, step}: seconds per optimizer step (time x count) of
-    the measured ops; {} if any op is unmeasured."""
+    the measured ops, layers and head as modules where those were measured (as
+    the predictor takes them); {} if any op is unmeasured."""
+    from commbench.predict import granularity
+
+    class Measured:
+        @staticmethod
+        def measured(op):
+            return op in matched
+    ops = granularity(ops, Measured)
     if any(op not in matched for op in ops):
         return {}
     stages = sorted({op.stage for op in ops if op.stage >= 0} | {0})

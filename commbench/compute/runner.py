@@ -110,11 +110,14 @@ def measure(backend, timer, case: Case, op, settings, hosts, torch, device) -> M
 
 
 def run(workload_ops, launch, device, settings, out_path, overwrite, argv, flush_l2=False, timeout_s=300.0,
-        reporter=None, extra_settings=None):
+        reporter=None, extra_settings=None, backend=None):
     """Time the distinct ops on this rank (all ranks at once). Returns the
-    ResultFile on rank 0, None elsewhere."""
+    ResultFile on rank 0, None elsewhere. A torch backend passed in is used and
+    left open."""
     from commbench import backends
-    backend = backends.create("torch", launch, device, timeout_s)
+    own = backend is None
+    if own:
+        backend = backends.create("torch", launch, device, timeout_s)
     try:
         import torch
         ranks = backend.control_allgather(env.rank_info(launch, device))
@@ -153,7 +156,8 @@ def run(workload_ops, launch, device, settings, out_path, overwrite, argv, flush
             writer.close()
         return result if backend.rank == 0 else None
     finally:
-        backend.close()
+        if own:
+            backend.close()
 
 
 def shape_key(case: Case) -> tuple:

@@ -1,0 +1,109 @@
+"""A transformer layer and the head as whole torch modules at one rank's
+tensor-parallel shard, timed forward and backward as a framework runs them
+(one module call, autograd included). The layer is torch_model.Block with the
+rank's share of heads, kv heads and MLP width (at tp = 1 it is that Block,
+parameter for parameter); the head is the final norm, the rank's V/t logits and
+the cross-entropy over them. Tensor-parallel collectives are not in them: they
+are CommOps."""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from commbench.torch_model import _rope
+
+
+def _params(op) -> dict:
+    return dict(op.params)
+
+
+class LocalAttention(nn.Module):
+    def __init__(self, p):
+        super().__init__()
+        h, d, bias = p["hidden"], p["head_dim"], p["arch"] == "gpt"
+        self.d, self.rope = d, p["arch"] == "llama"
+        self.group = p["heads"] // p["kv_heads"]
+        self.q = nn.Linear(h, p["heads"] * d, bias=bias)
+        self.k = nn.Linear(h, p["kv_heads"] * d, bias=bias)
+        self.v = nn.Linear(h, p["kv_heads"] * d, bias=bias)
+        self.o = nn.Linear(p["heads"] * d, h, bias=bias)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q = self.q(x).view(b, s, -1, self.d)
+        k = self.k(x).view(b, s, -1, self.d)
+        v = self.v(x).view(b, s, -1, self.d)
+        if self.rope:
+            q, k = _rope(q), _rope(k)
+        if self.group > 1:
+            k = k.repeat_interleave(self.group, dim=2)
+            v = v.repeat_interleave(self.group, dim=2)
+        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        return self.o(y.transpose(1, 2).reshape(b, s, -1))
+
+
+class LocalMLP(nn.Module):
+    def __init__(self, p):
+        super().__init__()
+        h, f, bias = p["hidden"], p["ffn"], p["arch"] == "gpt"
+        self.gated = p["arch"] == "llama"
+        if self.gated:
+            self.gate = nn.Linear(h, f, bias=False)
+        self.up = nn.Linear(h, f, bias=bias)
+        self.down = nn.Linear(f, h, bias=bias)
+
+    def forward(self, x):
+        if self.gated:
+            return self.down(F.silu(self.gate(x)) * self.up(x))
+        return self.down(F.gelu(self.up(x)))
+
+
+def _norm(p):
+    return nn.LayerNorm(p["hidden"]) if p["arch"] == "gpt" else nn.RMSNorm(p["hidden"])
+
+
+class LocalLayer(nn.Module):
+    def __init__(self, p):
+        super().__init__()
+        self.norm1, self.attn, self.norm2, self.mlp = _norm(p), LocalAttention(p), _norm(p), LocalMLP(p)
+
+    def forward(self, x):
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class LocalHead(nn.Module):
+    def __init__(self, p):
+        super().__init__()
+        self.norm = _norm(p)
+        self.logits = nn.Linear(p["hidden"], p["vocab"], bias=False)
+
+    def forward(self, x, target):
+        out = self.logits(self.norm(x))
+        return F.cross_entropy(out.view(-1, out.shape[-1]), target.view(-1))
+
+
+def _build(op, device, dtype):
+    p = _params(op)
+    torch.manual_seed(0)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    x = torch.randn(p["micro_batch"], p["seq"], p["hidden"], generator=g).to(device=device, dtype=dtype)
+    x.requires_grad_(True)
+    if op.impl.startswith("layer"):
+        module = LocalLayer(p).to(device=device, dtype=dtype)
+        return module, (x,)
+    module = LocalHead(p).to(device=device, dtype=dtype)
+    target = torch.randint(0, p["vocab"], (p["micro_batch"], p["seq"]), generator=g).to(device)
+    return module, (x, target)
+
+
+def prepare(op, device, dtype):
+    module, inputs = _build(op, device, dtype)
+    if op.impl.endswith("fwd"):
+        return lambda: module(*inputs)
+    out = module(*inputs)
+    wrt = [inputs[0], *module.parameters()]
+    grad = torch.ones_like(out) if out.dim() == 0 else torch.randn_like(out)
+    return lambda: torch.autograd.grad(out, wrt, grad, retain_graph=True)
+
+
+PREPARE = {"layer_fwd": prepare, "layer_bwd": prepare, "head_fwd": prepare, "head_bwd": prepare}

@@ -1,0 +1,79 @@
+"""`commbench validate`: the prediction checked against real training. On the
+same ranks, in one job and one process group: measure the plan's collectives
+(`run --plan`), time its kernels (`compute`), run real training steps with the
+torch implementation of the plan (training.py), predict the step from the two
+measurements, and report predicted against measured.
+
+error_pct = 100 (predicted - measured) / measured, measured = the median of the
+timed steps (each the slowest rank's)."""
+import json
+import os
+import statistics
+
+from commbench import plan as plan_mod
+from commbench.config import RunConfig
+from commbench.timing import TimingSettings
+
+# quick but honest settings: adaptive to +-2 % within a small budget per case
+COMM_TIMING = TimingSettings(warmup=3, iters=10, max_iters=2000, time_budget_s=0.5, target_ci=0.02)
+COMPUTE_TIMING = TimingSettings(warmup=3, iters=10, max_iters=2000, time_budget_s=0.5, target_ci=0.02)
+
+
+def run_on_rank(model, par, info, device, steps, warmup, out_dir, argv, overwrite=False, timeout_s=300.0,
+                comm_timing=COMM_TIMING, compute_timing=COMPUTE_TIMING) -> dict | None:
+    """Every rank calls this; rank 0 returns the report, the others None."""
+    from commbench import backends, sweep, training
+    from commbench.compute import runner
+    backend = backends.create("torch", info, device, timeout_s)
+    try:
+        workload = plan_mod.build(model, par)
+        comm_path, compute_path = os.path.join(out_dir, "comm.jsonl"), os.path.join(out_dir, "compute.jsonl")
+        comm_rf = None
+        if workload.comm_ops:
+            config = RunConfig(device=device, timing=comm_timing, timeout_s=timeout_s)
+            comm_rf, wrong = sweep.run(config, info, argv, comm_path, overwrite, plan=(model, par), backend=backend)
+            if wrong:
+                raise RuntimeError(f"{wrong} wrong result element(s) in the plan's collectives: see {comm_path}")
+        compute_rf = runner.run(workload.compute_ops, info, device, compute_timing, compute_path, overwrite, argv,
+                                timeout_s=timeout_s, backend=backend,
+                                extra_settings={"plan": {"model": model.to_dict(), "parallelism": workload.parallelism}})
+        measured = training.train_steps(model, par, steps, warmup=warmup, device=device)
+    finally:
+        backend.close()
+    if info.rank != 0:
+        return None
+    return report(workload, par, comm_rf, compute_rf, measured, device, comm_path, compute_path)
+
+
+def report(workload, par, comm_rf, compute_rf, measured, device, comm_path, compute_path) -> dict:
+    from commbench import predict
+    from commbench.commmodel import CommModel
+    comm_model = CommModel.from_results([comm_rf]) if comm_rf is not None else None
+    times = predict.MeasuredTimes(comm_model, [compute_rf], device=device).bind(workload.compute_ops)
+    sb = predict.predict(workload, par, times)
+    meas = statistics.median(measured.step_s)
+    return {
+        "measured_step_time_s": meas,
+        "predicted_step_time_s": sb.step_time_s,
+        "error_pct": 100.0 * (sb.step_time_s - meas) / meas,
+        "predicted_band_s": [sb.step_time_low_s, sb.step_time_high_s],
+        "measured_steps_s": measured.step_s,
+        "measured_min_s": min(measured.step_s), "measured_max_s": max(measured.step_s),
+        "losses": measured.losses,
+        "implementation": measured.implementation,
+        "prediction": sb.to_dict(),
+        "plan": {"model": workload.model["name"], "world": par.world, "dp": par.dp, "tp": par.tp, "pp": par.pp,
+                 "zero": par.zero, "sp": par.sp, "micro_batch": par.micro_batch, "global_batch": par.global_batch,
+                 "num_microbatches": par.num_microbatches, "seq": par.seq, "dtype": par.dtype,
+                 "schedule": par.schedule, "interleave": par.interleave, "recompute": par.recompute},
+        "device": device,
+        "comm_results": comm_path if comm_rf is not None else None,
+        "compute_results": compute_path,
+    }
+
+
+def write(doc: dict, out_dir: str, overwrite: bool = False):
+    path = os.path.join(out_dir, "validate.json")
+    with open(path, "w" if overwrite else "x", encoding="utf-8") as f:
+        json.dump(doc, f, indent=1)
+    return path
