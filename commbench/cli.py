@@ -362,6 +362,8 @@ def _validate_plan(a, world: int, gpus_per_node: int, device: str):
     model, par = planflags.from_args(a, defaults)
     if par.world != world:
         raise ValueError(f"the plan is for {par.world} GPUs but this job has {world} ranks")
+    from commbench import training
+    training.check_plan(model, par)       # what the torch implementations cannot run, before anything starts
     return model, par
 
 

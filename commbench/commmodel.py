@@ -63,15 +63,23 @@ def _canonical_dtype(name: str) -> str:
     return key
 
 
-def _point(m) -> _Point | None:
-    """A measurement's p50 and CI of the median; None when it has neither stats nor
-    samples, or no bytes."""
+def _point(m, statistic: str = "median") -> _Point | None:
+    """A measurement's p50 and CI of the median (or, statistic 'mean', its mean and
+    the mean's CI: stats.central); None when it has neither stats nor samples, or
+    no bytes."""
     if m.case.nbytes <= 0:        # no size to interpolate or fit on
         return None
     st = m.stats or {}
-    if "time_p50_s" not in st and m.samples_s:
+    if ("time_p50_s" not in st or "time_mean_s" not in st) and m.samples_s:
         from commbench.stats import summarize
         st = summarize(m.samples_s)
+    if statistic != "median" and st.get("time_mean_s") is not None:
+        from commbench.stats import central
+        t, lo, hi = central(st, m.iters, statistic)
+        if not math.isfinite(t) or t <= 0:
+            return None
+        c = m.case
+        return _Point(c.op, c.nbytes, c.group_size, c.num_nodes, c.dtype, c.concurrent_groups, t, lo, hi)
     p50 = st.get("time_p50_s")
     if p50 is None or not math.isfinite(p50) or p50 <= 0:
         return None
@@ -118,10 +126,11 @@ class CommModel:
     # ------------------------------------------------------------ construction
     @classmethod
     def from_results(cls, result_files, backend: str | None = None, device: str | None = None,
-                     dtype: str | None = None) -> "CommModel":
+                     dtype: str | None = None, statistic: str = "median") -> "CommModel":
         """From the status-ok collective measurements (with no wrong results) of one
         or more ResultFiles. backend and device must be one each: given, or the only
-        one in the files. dtype, when given, keeps that dtype's measurements only."""
+        one in the files. dtype, when given, keeps that dtype's measurements only.
+        statistic: each measurement's median (default) or mean (stats.central)."""
         result_files = [result_files] if isinstance(result_files, ResultFile) else list(result_files)
         ms = [m for rf in result_files for m in rf.measurements
               if m.status == "ok" and m.case.kind == "collective" and m.case.op in alphabeta.MODELLED
@@ -141,7 +150,7 @@ class CommModel:
             if not ms:
                 raise ValueError(f"no {want} measurements of {backend} on {device}: the results hold "
                                  f"{', '.join(sorted(have))}")
-        points = [p for p in map(_point, ms) if p is not None]
+        points = [p for p in (_point(m, statistic) for m in ms) if p is not None]
         if not points:
             raise ValueError(f"the collective measurements in {names} have no times (no stats, no samples)")
         return cls(points, backend=backend, device=device)

@@ -145,10 +145,13 @@ def _check_all_reduce(backend, op, buf, count) -> int:
     return wrong
 
 
-def run(config: InterferenceConfig, info, argv, out_path, overwrite=False, on_measurement=None):
-    """On every rank. Returns the ResultFile on rank 0, else None."""
+def run(config: InterferenceConfig, info, argv, out_path, overwrite=False, on_measurement=None, backend=None):
+    """On every rank. Returns the ResultFile on rank 0, else None. A torch backend
+    passed in (shared with other work of the job) is used and left open."""
     from commbench import backends
-    backend = backends.create("torch", info, config.device, config.timeout_s)
+    own = backend is None
+    if own:
+        backend = backends.create("torch", info, config.device, config.timeout_s)
     try:
         ranks = backend.control_allgather(env.rank_info(info, config.device))
         hosts = [r["host"] for r in ranks]
@@ -220,7 +223,8 @@ def run(config: InterferenceConfig, info, argv, out_path, overwrite=False, on_me
             writer.close()
         return result if backend.rank == 0 else None
     finally:
-        backend.close()
+        if own:
+            backend.close()
 
 
 def _cpu(config, backend, dist, buf, g, info):

@@ -136,8 +136,16 @@ class Parallelism:
         return len({self.node_of(r) for r in group})
 
     def axis_nodes(self, axis: str) -> int:
-        """Nodes spanned by one group of an axis (the most any group spans)."""
-        return max(self.nodes_spanned(g) for g in self.groups[axis])
+        """Nodes spanned by one group of an axis (the most any group spans).
+        Kept per axis: the strategies ask once per CommOp they build."""
+        cache = self._axis_nodes
+        if axis not in cache:
+            cache[axis] = max(self.nodes_spanned(g) for g in self.groups[axis])
+        return cache[axis]
+
+    @cached_property
+    def _axis_nodes(self) -> dict:
+        return {}
 
     def group_of(self, axis: str, rank: int) -> tuple:
         return next(g for g in self.groups[axis] if rank in g)

@@ -18,23 +18,25 @@ def data_parallel_strategy(par: Parallelism):
     return {0: ddp, 1: zero, 2: zero, 3: fsdp}[par.zero]
 
 
-def comm_ops(model, par: Parallelism) -> list:
+def comm_ops(model, par: Parallelism, tp_flavour: str = "megatron") -> list:
     from commbench.strategies import pp, tp
     ops = []
     if par.dp > 1:
         ops += data_parallel_strategy(par).comm_ops(model, par)
     if par.tp > 1:
-        ops += tp.comm_ops(model, par)
+        ops += tp.comm_ops(model, par, flavour=tp_flavour)
     if par.pp > 1:
         ops += pp.comm_ops(model, par)
     return ops
 
 
-def build(model, par: Parallelism) -> Workload:
+def build(model, par: Parallelism, tp_flavour: str = "megatron") -> Workload:
+    """tp_flavour: megatron (default) or dtensor, the collectives of torch's
+    DTensor tensor parallelism (what `validate` runs)."""
     par.check_model(model)
     return Workload(model=model.to_dict(), parallelism=dict(asdict(par), num_microbatches=par.num_microbatches,
                                                             num_nodes=par.num_nodes),
-                    comm_ops=comm_ops(model, par), compute_ops=compute_ops.compute_ops(model, par))
+                    comm_ops=comm_ops(model, par, tp_flavour), compute_ops=compute_ops.compute_ops(model, par))
 
 
 def load_plan_file(path: str) -> dict:

@@ -43,18 +43,19 @@ Breakdown (of the critical stage; the parts sum to the step time):
   dp_exposed_s  DP/ZeRO time compute did not cover, plus once-per-step DP collectives
   optimizer_s   the optimizer step
   hidden_comm_s DP/ZeRO collective time hidden under compute (not part of the sum)
-Uncertainty band: the whole composition again with every time at the low and at
-the high end of its 95 % CI (collectives: CommModel's band; kernels: the CI of
-the median), extremes moving together, so the band is conservative.
+Measured times enter as means (a step is a sum of calls: its expected time is
+the sum of the calls' means; the median of a skewed timing distribution would
+undercount it). Uncertainty band: the whole composition again with every time
+at the low and at the high end of its 95 % CI (of the mean), extremes moving
+together, so the band is conservative.
 Model FLOPs (TFLOPS per GPU, MFU) count every GEMM and attention op once,
 without recompute: Megatron's 72 B s L h^2 (1 + s/6h + V/(12 L h)) for a GPT."""
 import math
 from dataclasses import asdict, dataclass, field
 
 from commbench import schedule
-from commbench.compute.runner import op_time_s
 
-BOUNDS = ("p50", "low", "high")
+BOUNDS = ("mid", "low", "high")
 GATHERS = ("all_gather",)
 
 
@@ -77,6 +78,20 @@ class StepBreakdown:
 
 
 # ----------------------------------------------------------------------------- inputs
+# Measured times enter the composition as their means (stats.central): a step is
+# a sum of calls, whose expected time is the sum of the calls' means.
+STATISTIC = "mean"
+
+
+def central_time(m, bound: str) -> float:
+    """A compute measurement's time at a bound (mid, low, high), scaled to the op it
+    stands for (runner.scale)."""
+    from commbench.compute.runner import scale
+    from commbench.stats import central
+    mid, lo, hi = central(m.stats, m.iters, STATISTIC)
+    return {"mid": mid, "low": lo, "high": hi}[bound] * scale(m)
+
+
 class Times:
     """Seconds of one call of a ComputeOp or a CommOp, at a bound (p50, low,
     high), from measured compute results (runner.match) or a SystemSpec, and a
@@ -90,11 +105,15 @@ class Times:
     def measured(self, op) -> bool:
         return op in self.matched
 
+    def has_band(self) -> bool:
+        """Whether the low and high bounds can differ from the central time (False
+        only where every time comes from a SystemSpec, which has no spread)."""
+        return True
+
     def compute(self, op, bound: str) -> float:
         m = self.matched.get(op)
         if m is not None:
-            field_ = {"p50": "time_p50_s", "low": "ci_low_s", "high": "ci_high_s"}[bound]
-            return op_time_s(m, field_)
+            return central_time(m, bound)
         if self.spec is None:
             raise ValueError(f"no compute measurement of {op.name} ({op.impl} {op.m}x{op.n}x{op.k} {op.dtype}): "
                              "run commbench compute with the same plan flags, or give --system")
@@ -108,7 +127,7 @@ class Times:
         if est.source != "measured":
             self.notes.setdefault((collective, group_size, num_nodes, est.source),
                                   f"{est.source}: {collective} n={group_size} nodes={num_nodes} ({est.note})")
-        return {"p50": est.time_s, "low": est.low_s, "high": est.high_s}[bound]
+        return {"mid": est.time_s, "low": est.low_s, "high": est.high_s}[bound]
 
     def comm_op(self, c, bound: str) -> float:
         return self.comm(c.collective, c.nbytes, c.group_size, c.num_nodes, c.dtype, bound)
@@ -131,12 +150,21 @@ class StageTimes:
 
 # module-level scopes and the kernel-level scopes they stand in for
 MODULE_SCOPES = {"layer_module": "layer", "head_module": "head"}
+STAGE_COVERS = ("layer", "layer_module", "embedding", "head", "head_module")
 
 
-def granularity(ops, times: Times) -> list:
-    """The ops that make up the step, each piece of work once: a layer (or the
-    head) timed as one module where all of its module ops were measured, else
-    its kernels (measured, or from a SystemSpec)."""
+def granularity(ops, times: Times, stage: int | None = None) -> list:
+    """The ops that make up a stage's step (or, with stage None, every stage's),
+    each piece of work once, at the coarsest granularity measured: the whole
+    stage as one module where both its passes were measured; else per layer and
+    head as modules where all of theirs were; else kernel by kernel (measured,
+    or from a SystemSpec)."""
+    if stage is not None:
+        ops = [op for op in ops if op.stage in (-1, stage)]
+        whole = [op for op in ops if op.scope == "stage_module"]
+        if whole and all(times.measured(op) for op in whole):
+            return [op for op in ops if op.scope not in STAGE_COVERS]
+    ops = [op for op in ops if op.scope != "stage_module"]
     skip = set()
     for module_scope, kernel_scope in MODULE_SCOPES.items():
         mods = [op for op in ops if op.scope == module_scope]
@@ -147,18 +175,20 @@ def granularity(ops, times: Times) -> list:
 def stage_times(workload_ops, comm_ops, par, times: Times, bound: str) -> list:
     m = par.num_microbatches
     out = [StageTimes() for _ in range(par.pp)]
-    for op in granularity(workload_ops, times):
-        t = times.compute(op, bound)
-        for s in (range(par.pp) if op.stage < 0 else [op.stage]):
-            st = out[s]
+    for s, st in enumerate(out):
+        for op in granularity(workload_ops, times, s):
+            t = times.compute(op, bound)
+            # the part of the stage that interleaving splits into chunks: its layers
+            # (a whole-stage module is split evenly)
+            layered = op.scope in ("layer", "layer_module", "stage_module")
             if op.phase == "step":
                 st.optimizer_s += t * op.count
             elif op.phase == "fwd":
                 st.fwd_s += t * op.count / m
-                st.layer_fwd_s += t * op.count / m if op.scope in ("layer", "layer_module") else 0.0
+                st.layer_fwd_s += t * op.count / m if layered else 0.0
             else:
                 st.bwd_s += t * op.count / m
-                st.layer_bwd_s += t * op.count / m if op.scope in ("layer", "layer_module") else 0.0
+                st.layer_bwd_s += t * op.count / m if layered else 0.0
     for c in comm_ops:
         st = out[c.stage]
         if c.axis == "tp":
@@ -249,14 +279,13 @@ def dp_calls(dp_ops, par, timeline, times: Times, bound: str) -> list:
         per_mb = [(c, c.count // m, None) if c.count >= m and c.count % m == 0 else (c, c.count, m - 1) for c in ops]
         singles = [(c, k) for c, k, _ in per_mb if k == 1]
         total_single = sum(c.nbytes for c, _ in singles) or 1
+        every_mb = [x for x in per_mb if x[2] is None]      # what runs in micro-batches other than m - 1
         for j in range(m):
             ivs = sorted(intervals.get((phase, j), []))
             if not ivs:
                 continue
             done = 0.0
-            for c, k, only in per_mb:
-                if only is not None and j != only:
-                    continue
+            for c, k, only in (per_mb if j == m - 1 else every_mb):
                 dur = times.comm_op(c, bound)
                 gating = c.collective in GATHERS
                 if k == 1:
@@ -307,7 +336,7 @@ def model_flops(workload, par) -> float:
     return total * par.tp * par.dp
 
 
-def compose(workload, par, times: Times, bound: str = "p50") -> dict:
+def compose(workload, par, times: Times, bound: str = "mid") -> dict:
     """One composition at a bound: per-stage ends and the critical stage's parts."""
     stages = stage_times(workload.compute_ops, workload.comm_ops, par, times, bound)
     fwd, bwd = chunk_times(stages, par, "fwd"), chunk_times(stages, par, "bwd")
@@ -320,8 +349,9 @@ def compose(workload, par, times: Times, bound: str = "p50") -> dict:
     parts = []
     for r in range(par.pp):
         st = stages[r]
-        end = max(op.end_s for op in pipe.timelines[r])
-        end_free = max(op.end_s for op in free.timelines[r])
+        # a rank's ops run one after another, so its last op ends last
+        end = pipe.timelines[r][-1].end_s
+        end_free = free.timelines[r][-1].end_s
         dp_ops = [c for c in workload.comm_ops if c.axis == "dp" and c.stage == r and c.phase in ("fwd", "bwd")]
         calls = dp_calls(dp_ops, par, pipe.timelines[r], times, bound)
         exposed, hidden, _ = place_dp(calls, end, slow.get("comm", 1.0), slow.get("compute", 1.0))
@@ -343,8 +373,12 @@ def compose(workload, par, times: Times, bound: str = "p50") -> dict:
 
 
 def predict(workload, par, times: Times, peak_tflops: float | None = None) -> StepBreakdown:
-    runs = {b: compose(workload, par, times, b) for b in BOUNDS}
-    main = runs["p50"]
+    if times.has_band():
+        runs = {b: compose(workload, par, times, b) for b in BOUNDS}
+    else:       # every bound gives the central times: one composition stands for all three
+        central = compose(workload, par, times, BOUNDS[0])
+        runs = {b: central for b in BOUNDS}
+    main = runs["mid"]
     crit = main["stages"][main["critical"]]
     step = crit["end_s"]
     if not step > 0 or not math.isfinite(step):
@@ -374,6 +408,10 @@ class MeasuredTimes(Times):
         self._adam = [m for rf in self.compute_files for m in rf.measurements
                       if m.case.kind == "compute" and m.case.op == "adam" and m.status == "ok"]
 
+    def has_band(self) -> bool:
+        # spec-only (--system without results files): SystemSpec times have no spread
+        return self.comm_model is not None or bool(self.compute_files)
+
     def bind(self, ops):
         from commbench.compute.runner import match
         self.matched = match(ops, self.compute_files, self.device) if self.compute_files else {}
@@ -384,10 +422,9 @@ class MeasuredTimes(Times):
             from commbench.compute.runner import TORCH_DTYPES
             same = [m for m in self._adam if m.case.dtype == TORCH_DTYPES[op.dtype]] or self._adam
             ref = max(same, key=lambda m: m.case.params["m"])
-            field_ = {"p50": "time_p50_s", "low": "ci_low_s", "high": "ci_high_s"}[bound]
             self.notes.setdefault(("adam",), f"adam step scaled from a measured shard of {ref.case.params['m']} "
                                              "elements (linear in elements)")
-            return op_time_s(ref, field_) * op.m / ref.case.params["m"]
+            return central_time(ref, bound) * op.m / ref.case.params["m"]
         return super().compute(op, bound)
 
     def comm(self, collective, nbytes, group_size, num_nodes, dtype, bound):
@@ -407,13 +444,15 @@ class MeasuredTimes(Times):
         return self.spec.collective_time_s(collective, nbytes, group_size, num_nodes)
 
 
-def interference_factors(path) -> dict:
-    """{"compute": f, "comm": f} from a `compute --interference` results file: the
-    pair with the most SMs busy (a training kernel's occupancy), or the CPU pair."""
+def interference_factors(path_or_file) -> dict:
+    """{"compute": f, "comm": f} from a `compute --interference` results file (a
+    path or a loaded ResultFile): the pair with the most SMs busy (a training
+    kernel's occupancy), or the CPU pair."""
     from commbench import interference, results
-    pairs = interference.slowdowns(results.load(path))
+    rf = results.load(path_or_file) if isinstance(path_or_file, str) else path_or_file
+    pairs = interference.slowdowns(rf)
     if not pairs:
-        raise ValueError(f"{path}: no interference measurements (commbench compute --interference writes them)")
+        raise ValueError(f"{rf.path}: no interference measurements (commbench compute --interference writes them)")
     key = max(pairs, key=lambda p: (p.num_sms or 0))
     f = pairs[key]
     return {"compute": max(1.0, f.get("compute", 1.0)), "comm": max(1.0, f.get("collective", 1.0))}
@@ -433,7 +472,7 @@ def load_times(comm_paths=(), compute_paths=(), system=None, interference_path=N
     compute_files = [results.load(p) for p in compute_paths]
     if compute_files and not any(m.case.kind == "compute" for rf in compute_files for m in rf.measurements):
         raise ValueError(f"{', '.join(compute_paths)}: no compute measurements (commbench compute writes them)")
-    comm_model = CommModel.from_results(comm_files, backend=backend) if comm_files else None
+    comm_model = CommModel.from_results(comm_files, backend=backend, statistic=STATISTIC) if comm_files else None
     slow = interference_factors(interference_path) if interference_path else None
     devices = {m.case.device for rf in compute_files for m in rf.measurements if m.case.kind == "compute"}
     return MeasuredTimes(comm_model, compute_files, spec=spec, interference=slow,

@@ -74,6 +74,7 @@ makespan_s - max(busy_s) (first such rank on ties). With uniform stages every
 rank is equally busy and this is the fill + drain time above.
 """
 from dataclasses import dataclass, field
+from functools import lru_cache
 from numbers import Real
 from typing import Callable, NamedTuple, Sequence, Union
 
@@ -224,6 +225,22 @@ def rank_ops(pp: int, num_microbatches: int, rank: int, schedule: str = "1f1b", 
     return ops + [bwd(k) for k in range(total - w, total)]
 
 
+@lru_cache(maxsize=256)
+def _checked_rank_ops(pp: int, m: int, schedule: str, v: int) -> tuple:
+    """Every rank's op list (rank_ops), checked to hold each (micro-batch, chunk)
+    once per kind: a wrong order would deadlock the simulation; say which rule
+    broke. Kept per plan shape: a search simulates the same shape many times."""
+    n = pp * v
+    ops = tuple(tuple(rank_ops(pp, m, r, schedule, v)) for r in range(pp))
+    for r, lst in enumerate(ops):
+        for kind in "FB":
+            got = sorted((j, c) for k, j, c in lst if k == kind)
+            want = sorted((j, c) for c in range(r, n, pp) for j in range(m))
+            if got != want:
+                raise AssertionError(f"rank {r}: {kind} ops {got} are not each (micro-batch, chunk) once")
+    return ops
+
+
 def simulate_pipeline(pp: int, num_microbatches: int, fwd_s: TimeSpec, bwd_s: TimeSpec, p2p_s: P2PSpec = 0.0,
                       schedule: str = "1f1b", interleave: int = 1) -> PipelineResult:
     """Simulate one step of a pipeline schedule; see the module docstring for the model.
@@ -239,38 +256,52 @@ def simulate_pipeline(pp: int, num_microbatches: int, fwd_s: TimeSpec, bwd_s: Ti
     b = _per_chunk("bwd_s", bwd_s, n)
     d = _p2p_times(p2p_s, pp, n)
 
-    ops = [rank_ops(pp, m, r, schedule, v) for r in range(pp)]
-    for r, lst in enumerate(ops):   # a wrong order would deadlock below; say which rule broke
-        for kind in "FB":
-            got = sorted((j, c) for k, j, c in lst if k == kind)
-            want = sorted((j, c) for c in range(r, n, pp) for j in range(m))
-            if got != want:
-                raise AssertionError(f"rank {r}: {kind} ops {got} are not each (micro-batch, chunk) once")
+    ops = _checked_rank_ops(pp, m, schedule, v)
 
-    end = {}                        # (kind, chunk, microbatch) -> end time
+    # end times of F(c, j) and B(c, j), indexed [c][j]; None until it has run
+    end_f = [[None] * m for _ in range(n)]
+    end_b = [[None] * m for _ in range(n)]
     timelines = [[] for _ in range(pp)]
+    new_op = tuple.__new__
     nxt = [0] * pp
     free = [0.0] * pp
     remaining = sum(len(lst) for lst in ops)
     while remaining:
         progressed = False
         for r in range(pp):
-            while nxt[r] < len(ops[r]):
-                kind, j, c = ops[r][nxt[r]]
+            lst, i, t_free, tl = ops[r], nxt[r], free[r], timelines[r]
+            while i < len(lst):
+                kind, j, c = lst[i]
+                # the op starts at the latest of: its rank free, each input's end + its lag
                 if kind == "F":
-                    deps = [] if c == 0 else [(("F", c - 1, j), d[c - 1])]
+                    if c == 0:
+                        start = t_free
+                    else:
+                        e = end_f[c - 1][j]
+                        if e is None:
+                            break
+                        start = max(t_free, e + d[c - 1])
+                    stop = start + f[c]
+                    end_f[c][j] = stop
                 else:
-                    deps = [(("F", c, j), 0.0)] + ([] if c == n - 1 else [(("B", c + 1, j), d[c])])
-                if any(key not in end for key, _ in deps):
-                    break
-                start = max([free[r]] + [end[key] + lag for key, lag in deps])
-                stop = start + (f[c] if kind == "F" else b[c])
-                end[(kind, c, j)] = stop
-                free[r] = stop
-                timelines[r].append(Op(start, stop, kind, j, c))
-                nxt[r] += 1
+                    e = end_f[c][j]
+                    if e is None:
+                        break
+                    if c == n - 1:
+                        start = max(t_free, e + 0.0)
+                    else:
+                        e2 = end_b[c + 1][j]
+                        if e2 is None:
+                            break
+                        start = max(t_free, e + 0.0, e2 + d[c])
+                    stop = start + b[c]
+                    end_b[c][j] = stop
+                t_free = stop
+                tl.append(new_op(Op, (start, stop, kind, j, c)))     # Op(...) without NamedTuple's slower __new__
+                i += 1
                 remaining -= 1
                 progressed = True
+            nxt[r], free[r] = i, t_free
         if not progressed:
             stuck = {r: ops[r][nxt[r]] for r in range(pp) if nxt[r] < len(ops[r])}
             raise AssertionError(f"schedule {schedule} deadlocks; next ops per rank: {stuck}")

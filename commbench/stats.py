@@ -78,3 +78,20 @@ def warnings_for(summary: dict, iters: int, target_ci: float) -> list[str]:
     if target_ci > 0 and (summary["precision"] is None or summary["precision"] > target_ci):
         out.append(f"precision +-{summary['precision'] or math.inf:.1%} did not reach the target +-{target_ci:.1%}")
     return out
+
+
+def central(summary: dict, iters: int, statistic: str) -> tuple[float, float, float]:
+    """(value, low, high) of a measurement's time: its median with the CI of the
+    median (statistic 'median'), or its mean with a 95 % normal-theory CI,
+    mean +- 1.96 stdev / sqrt(n) (statistic 'mean'). The predictor sums times of
+    many calls, and the expected time of a sum is the sum of the means, which for
+    skewed timing distributions sits above the sum of the medians."""
+    if statistic == "median":
+        p50 = summary["time_p50_s"]
+        lo, hi = summary.get("ci_low_s", p50), summary.get("ci_high_s", p50)
+        return p50, min(lo, p50), max(hi, p50)
+    if statistic != "mean":
+        raise ValueError(f"statistic {statistic!r}: choose mean or median")
+    mean = summary["time_mean_s"]
+    half = 1.96 * summary.get("time_stdev_s", 0.0) / math.sqrt(max(iters, 1))
+    return mean, max(0.0, mean - half), mean + half

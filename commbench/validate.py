@@ -26,8 +26,10 @@ def run_on_rank(model, par, info, device, steps, warmup, out_dir, argv, overwrit
     from commbench.compute import runner
     backend = backends.create("torch", info, device, timeout_s)
     try:
-        workload = plan_mod.build(model, par)
+        # the collectives of what training.py runs: DTensor's tensor parallelism
+        workload = plan_mod.build(model, par, tp_flavour="dtensor")
         comm_path, compute_path = os.path.join(out_dir, "comm.jsonl"), os.path.join(out_dir, "compute.jsonl")
+        inter_path = os.path.join(out_dir, "interference.jsonl")
         comm_rf = None
         if workload.comm_ops:
             config = RunConfig(device=device, timing=comm_timing, timeout_s=timeout_s)
@@ -37,19 +39,27 @@ def run_on_rank(model, par, info, device, steps, warmup, out_dir, argv, overwrit
         compute_rf = runner.run(workload.compute_ops, info, device, compute_timing, compute_path, overwrite, argv,
                                 timeout_s=timeout_s, backend=backend,
                                 extra_settings={"plan": {"model": model.to_dict(), "parallelism": workload.parallelism}})
+        inter_rf = None
+        if par.world > 1:
+            from commbench import interference
+            inter_rf = interference.run(interference.InterferenceConfig(device=device, timing=compute_timing,
+                                                                        timeout_s=timeout_s),
+                                        info, argv, inter_path, overwrite, backend=backend)
         measured = training.train_steps(model, par, steps, warmup=warmup, device=device)
     finally:
         backend.close()
     if info.rank != 0:
         return None
-    return report(workload, par, comm_rf, compute_rf, measured, device, comm_path, compute_path)
+    return report(workload, par, comm_rf, compute_rf, inter_rf, measured, device, out_dir)
 
 
-def report(workload, par, comm_rf, compute_rf, measured, device, comm_path, compute_path) -> dict:
+def report(workload, par, comm_rf, compute_rf, inter_rf, measured, device, out_dir) -> dict:
     from commbench import predict
     from commbench.commmodel import CommModel
-    comm_model = CommModel.from_results([comm_rf]) if comm_rf is not None else None
-    times = predict.MeasuredTimes(comm_model, [compute_rf], device=device).bind(workload.compute_ops)
+    comm_model = CommModel.from_results([comm_rf], statistic=predict.STATISTIC) if comm_rf is not None else None
+    slow = predict.interference_factors(inter_rf) if inter_rf is not None else None
+    times = predict.MeasuredTimes(comm_model, [compute_rf], device=device, interference=slow)
+    times.bind(workload.compute_ops)
     sb = predict.predict(workload, par, times)
     meas = statistics.median(measured.step_s)
     return {
@@ -67,8 +77,9 @@ def report(workload, par, comm_rf, compute_rf, measured, device, comm_path, comp
                  "num_microbatches": par.num_microbatches, "seq": par.seq, "dtype": par.dtype,
                  "schedule": par.schedule, "interleave": par.interleave, "recompute": par.recompute},
         "device": device,
-        "comm_results": comm_path if comm_rf is not None else None,
-        "compute_results": compute_path,
+        "interference": slow,
+        "results": {"comm": comm_rf.path if comm_rf is not None else None, "compute": compute_rf.path,
+                    "interference": inter_rf.path if inter_rf is not None else None},
     }
 
 

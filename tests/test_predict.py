@@ -12,7 +12,7 @@ MODEL = {"name": "synthetic", "seq": 100, "num_params": 0}
 
 class TableTimes(predict.Times):
     """Times looked up by op name (compute) or label (comm), the same at every
-    bound unless a band is given as (low, p50, high)."""
+    bound unless a band is given as (low, mid, high)."""
 
     def __init__(self, compute, comm, interference=None):
         super().__init__(comm_model=None, interference=interference)
@@ -21,7 +21,7 @@ class TableTimes(predict.Times):
     @staticmethod
     def _at(v, bound):
         if isinstance(v, tuple):
-            return {"low": v[0], "p50": v[1], "high": v[2]}[bound]
+            return {"low": v[0], "mid": v[1], "high": v[2]}[bound]
         return v
 
     def compute(self, op, bound):

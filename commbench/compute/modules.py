@@ -1,5 +1,5 @@
-"""A transformer layer and the head as whole torch modules at one rank's
-tensor-parallel shard, timed forward and backward as a framework runs them
+"""A transformer layer, the head and a whole pipeline stage as torch modules at
+one rank's tensor-parallel shard, timed forward and backward as a framework runs them
 (one module call, autograd included). The layer is torch_model.Block with the
 rank's share of heads, kv heads and MLP width (at tp = 1 it is that Block,
 parameter for parameter); the head is the final norm, the rank's V/t logits and
@@ -82,17 +82,48 @@ class LocalHead(nn.Module):
         return F.cross_entropy(out.view(-1, out.shape[-1]), target.view(-1))
 
 
+class LocalStage(nn.Module):
+    """A pipeline stage at the rank's shard: the (vocabulary-parallel) embedding
+    and learned positions on the first stage, its layers, and the head with the
+    loss on the last, called as the training step calls the model."""
+
+    def __init__(self, p):
+        super().__init__()
+        self.first, self.last = p["first"], p["last"]
+        if self.first:
+            self.embed = nn.Embedding(p["vocab"], p["hidden"])
+            self.pos = nn.Embedding(p["seq"], p["hidden"]) if p["arch"] == "gpt" else None
+        self.layers = nn.ModuleList(LocalLayer(p) for _ in range(p["layers"]))
+        if self.last:
+            self.head = LocalHead(p)
+
+    def forward(self, x, target):
+        if self.first:
+            tokens = x
+            x = self.embed(tokens)
+            if self.pos is not None:
+                x = x + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x, target) if self.last else x
+
+
 def _build(op, device, dtype):
     p = _params(op)
     torch.manual_seed(0)
     g = torch.Generator(device="cpu").manual_seed(0)
     x = torch.randn(p["micro_batch"], p["seq"], p["hidden"], generator=g).to(device=device, dtype=dtype)
     x.requires_grad_(True)
+    target = None
+    if "vocab" in p:
+        target = torch.randint(0, p["vocab"], (p["micro_batch"], p["seq"]), generator=g).to(device)
     if op.impl.startswith("layer"):
-        module = LocalLayer(p).to(device=device, dtype=dtype)
-        return module, (x,)
-    module = LocalHead(p).to(device=device, dtype=dtype)
-    target = torch.randint(0, p["vocab"], (p["micro_batch"], p["seq"]), generator=g).to(device)
+        return LocalLayer(p).to(device=device, dtype=dtype), (x,)
+    if op.impl.startswith("head"):
+        return LocalHead(p).to(device=device, dtype=dtype), (x, target)
+    module = LocalStage(p).to(device=device, dtype=dtype)
+    if p["first"]:
+        x = torch.randint(0, p["vocab"], (p["micro_batch"], p["seq"]), generator=g).to(device)
     return module, (x, target)
 
 
@@ -101,9 +132,9 @@ def prepare(op, device, dtype):
     if op.impl.endswith("fwd"):
         return lambda: module(*inputs)
     out = module(*inputs)
-    wrt = [inputs[0], *module.parameters()]
+    wrt = [x for x in inputs[:1] if x.is_floating_point()] + list(module.parameters())
     grad = torch.ones_like(out) if out.dim() == 0 else torch.randn_like(out)
     return lambda: torch.autograd.grad(out, wrt, grad, retain_graph=True)
 
 
-PREPARE = {"layer_fwd": prepare, "layer_bwd": prepare, "head_fwd": prepare, "head_bwd": prepare}
+PREPARE = {f"{what}_{d}": prepare for what in ("layer", "head", "stage") for d in ("fwd", "bwd")}

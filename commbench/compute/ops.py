@@ -241,11 +241,12 @@ def _module_op(name, impl, kernel_ops, phase, count, scope, stage, params, dtype
 
 def module_ops(model: ModelSpec, par: Parallelism, count_layers: int, count_head: int) -> list:
     """The same work timed a module at a time, as a framework runs it: a
-    transformer layer at the rank's TP shard (commbench.compute.modules), and the
-    head (final norm, logits, cross-entropy), forward and backward. Their times
-    include what the kernel sum leaves out: launch and autograd overhead,
-    framework glue, fusion. The predictor uses them where they are measured
-    (scope layer_module / head_module in place of layer / head)."""
+    transformer layer at the rank's TP shard (commbench.compute.modules), the
+    head (final norm, logits, cross-entropy), and each pipeline stage whole,
+    forward and backward of one micro-batch. Their times include what the kernel
+    sum leaves out: launch and autograd overhead, framework glue, fusion, and
+    (timed as the slowest rank of each iteration) the ranks' drift over a whole
+    micro-batch. The predictor uses the coarsest one measured (predict.py)."""
     t = par.tp
     kv_heads = max(1, model.kv_heads // t)
     common = {"arch": model.arch, "hidden": model.hidden, "tokens": par.micro_batch * par.seq_for(model),
@@ -267,6 +268,19 @@ def module_ops(model: ModelSpec, par: Parallelism, count_layers: int, count_head
                        par.dtype),
             _module_op("head bwd (module)", "head_bwd", head, "bwd", count_head, "head_module", par.pp - 1, hp,
                        par.dtype)]
+    if par.recompute == "none":
+        # the whole stage as the step calls it, one micro-batch: what the kernel
+        # and layer sums leave out between modules is in it too (with recompute,
+        # the layer-level ops carry the recomputed forwards instead)
+        layers = model.num_layers // par.pp
+        for stage in range(par.pp):
+            sp = dict(hp, layers=layers, first=stage == 0, last=stage == par.pp - 1)
+            work = layer * layers + (embedding_ops(model, par, 1) if stage == 0 else []) + \
+                (head if stage == par.pp - 1 else [])
+            for phase in ("fwd", "bwd"):
+                op = _module_op(f"stage {stage} {phase} (module)", f"stage_{phase}", work, phase, count_head,
+                                "stage_module", stage, sp, par.dtype)
+                ops.append(op)
     return ops
 
 

@@ -14,7 +14,8 @@ from commbench.compute.runner import op_time_s
 SCOPES = (("layer", "transformer layer, kernel by kernel (one micro-batch)"),
           ("layer_module", "transformer layer as one module (one micro-batch)"),
           ("embedding", "embedding (first stage)"), ("head", "head, kernel by kernel (last stage)"),
-          ("head_module", "head as one module (last stage)"), ("optimizer", "optimizer step"))
+          ("head_module", "head as one module (last stage)"),
+          ("stage_module", "each pipeline stage as one module (one micro-batch)"), ("optimizer", "optimizer step"))
 
 
 def json_doc(ops, matched) -> dict:
@@ -81,21 +82,22 @@ def print_tables(ops, matched, console: Console | None = None):
 
 def stage_totals(ops, matched) -> dict:
     """stage -> {fwd, bwd, step}: seconds per optimizer step (time x count) of
-    the measured ops, layers and head as modules where those were measured (as
-    the predictor takes them); {} if any op is unmeasured."""
+    the measured ops at the coarsest granularity measured (as the predictor
+    takes them); {} if any op is unmeasured."""
     from commbench.predict import granularity
 
     class Measured:
         @staticmethod
         def measured(op):
             return op in matched
-    ops = granularity(ops, Measured)
-    if any(op not in matched for op in ops):
-        return {}
     stages = sorted({op.stage for op in ops if op.stage >= 0} | {0})
-    out = {s: {"fwd": 0.0, "bwd": 0.0, "step": 0.0} for s in stages}
-    for op in ops:
-        for s in (stages if op.stage < 0 else [op.stage]):
+    out = {}
+    for s in stages:
+        chosen = granularity(ops, Measured, s)
+        if any(op not in matched for op in chosen):
+            return {}
+        out[s] = {"fwd": 0.0, "bwd": 0.0, "step": 0.0}
+        for op in chosen:
             out[s][op.phase] += op_time_s(matched[op]) * op.count
     return out
 

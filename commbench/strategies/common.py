@@ -2,6 +2,7 @@
 pipeline parallelism, in torch_model's registration order (DDP buckets and FSDP
 units follow that order), and CommOp construction for a plan's axis."""
 from dataclasses import dataclass
+from functools import lru_cache
 
 from commbench.models import ModelSpec
 from commbench.parallel import DTYPE_BYTES, Parallelism
@@ -23,6 +24,12 @@ def stage_layers(model: ModelSpec, par: Parallelism, stage: int) -> range:
 
 
 def layer_params(model: ModelSpec, tp: int, i: int) -> list:
+    return list(_layer_params(model, tp, i))
+
+
+@lru_cache(maxsize=16384)
+def _layer_params(model: ModelSpec, tp: int, i: int) -> tuple:
+    """Kept per (model, tp, layer): a plan search lists the same layers for many plans."""
     h, f, kv = model.hidden, model.ffn_hidden, model.kv_dim
     b = model.has_bias
     out = []
@@ -50,7 +57,7 @@ def layer_params(model: ModelSpec, tp: int, i: int) -> list:
     add("mlp.down.weight", h * f, True)
     if b:
         add("mlp.down.bias", h, False)
-    return out
+    return tuple(out)
 
 
 def rank_params(model: ModelSpec, par: Parallelism, stage: int = 0) -> list:
@@ -66,7 +73,7 @@ def rank_params(model: ModelSpec, par: Parallelism, stage: int = 0) -> list:
         if model.arch == "gpt":
             out.append(Param("pos.weight", model.seq * h, False))
     for i in stage_layers(model, par, stage):
-        out += layer_params(model, tp, i)
+        out += _layer_params(model, tp, i)
     if last:
         out.append(Param("norm.weight", h, False))
         if model.has_bias:

@@ -17,6 +17,8 @@ the predictor simulates. Megatron-LM's training loop overlaps it with compute in
 the interleaved schedule by default (--no-overlap-p2p-communication turns that
 off; the non-interleaved schedule never overlaps); torch pipelining's 1F1B waits
 for a receive before the compute that needs it and leaves sends in flight."""
+from functools import lru_cache
+
 from commbench.models import ModelSpec
 from commbench.parallel import DTYPE_BYTES, Parallelism
 from commbench.workload import CommOp
@@ -54,6 +56,7 @@ def message_numel(model: ModelSpec, par: Parallelism) -> int:
     return par.micro_batch * s * model.hidden
 
 
+@lru_cache(maxsize=4096)
 def _pair_nodes(par: Parallelism, a: int, b: int) -> int:
     """Nodes spanned by the pair (pp rank a, pp rank b): the most over all pp groups
     (each (dp, tp) index has its own pipeline; they may sit differently on nodes)."""
