@@ -196,5 +196,5 @@ def print_scaling(rows: list, mode: str, console: Console):
                   f"{r['samples_per_s']:.2f}", f"{r['tokens_per_s']:.0f}", f"{r['tflops_per_gpu']:.2f}",
                   f"{r['scaling_efficiency']:.1%}", _s(b["compute_s"]), _s(b["tp_exposed_s"]),
                   _s(b["pp_exposed_s"]), _s(b["dp_exposed_s"]), _s(b["bubble_s"]),
-                  "extrapolated" if r["extrapolated"] else "")
+                  ", ".join(f for f, on in (("extrapolated", r["extrapolated"]), ("spec", r["from_spec"])) if on))
     console.print(t)

@@ -45,7 +45,8 @@ def scale(model, par: Parallelism, counts, mode: str, times_for, predict_fn) -> 
         rows.append({"gpus": world, "dp": p.dp, "global_batch": p.global_batch, "step_time_s": sb.step_time_s,
                      "samples_per_s": sb.samples_per_s, "tokens_per_s": sb.tokens_per_s,
                      "tflops_per_gpu": sb.tflops_per_gpu, "mfu": sb.mfu, "breakdown": sb.breakdown,
-                     "extrapolated": any(n.startswith(("extrapolated", "spec:")) for n in sb.notes),
+                     "extrapolated": any(n.startswith("extrapolated") for n in sb.notes),
+                     "from_spec": any("SystemSpec" in n or n.startswith("spec:") for n in sb.notes),
                      "notes": sb.notes})
     base = rows[0]["samples_per_s"] / rows[0]["gpus"]
     for r in rows:

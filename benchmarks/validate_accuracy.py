@@ -1,0 +1,77 @@
+"""Prediction accuracy: a matrix of `commbench validate` runs on the CPU (gloo),
+each one real training steps of a plan against the step predicted from that
+job's own measured collectives and kernels. Prints one row per run and the
+median and worst absolute error of the step time.
+
+    .venv/bin/python benchmarks/validate_accuracy.py [--models tiny-gpt,small-gpt] [--steps 5]
+        [--only ddp,tp] [--keep DIR]
+
+Runs one validation at a time (they would time each other otherwise); about a
+minute each on a 2-core machine."""
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+# (name, ranks, plan flags): every strategy and the combined ones; 4 micro-batches
+# per replica everywhere (torch's pipelining + DDP needs more micro-batches than stages)
+PLANS = [
+    ("ddp", 2, ["--zero", "0", "--global-batch", "8"]),
+    ("zero1", 2, ["--zero", "1", "--global-batch", "8"]),
+    ("zero2", 2, ["--zero", "2", "--global-batch", "8"]),
+    ("zero3", 2, ["--zero", "3", "--global-batch", "8"]),
+    ("tp", 2, ["--tp", "2", "--global-batch", "4"]),
+    ("pp", 2, ["--pp", "2", "--global-batch", "4"]),
+    ("ddp", 4, ["--zero", "0", "--global-batch", "16"]),
+    ("tp+dp", 4, ["--tp", "2", "--global-batch", "8"]),
+    ("pp+dp", 4, ["--pp", "2", "--global-batch", "8"]),
+]
+
+
+def run(model, ranks, flags, steps, out_dir):
+    cmd = [sys.executable, "-m", "commbench", "validate", "--model", model, "--nprocs", str(ranks), "--device", "cpu",
+           "--steps", str(steps), "--warmup-steps", "2", "--out-dir", str(out_dir), "--force", "--json", *flags]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    if p.returncode != 0:
+        return None, p.stderr.strip().splitlines()[-1] if p.stderr.strip() else f"exit {p.returncode}"
+    return json.loads(p.stdout), None
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="tiny-gpt,small-gpt")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--only", default=None, help="comma-separated plan names")
+    ap.add_argument("--keep", default=None, help="keep every run's files under this directory")
+    a = ap.parse_args()
+    only = set(a.only.split(",")) if a.only else None
+    root = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="commbench-accuracy-"))
+    rows, errors = [], []
+    print(f"{'model':<10} {'plan':<7} {'ranks':>5} {'measured ms':>12} {'predicted ms':>13} {'band ms':>17} "
+          f"{'error':>8}  biggest predicted part")
+    for model in a.models.split(","):
+        for name, ranks, flags in PLANS:
+            if only and name not in only:
+                continue
+            doc, err = run(model, ranks, flags, a.steps, root / f"{model}-{name}-{ranks}")
+            if doc is None:
+                print(f"{model:<10} {name:<7} {ranks:>5}  failed: {err}")
+                continue
+            b = doc["prediction"]["breakdown"]
+            top = max((k for k in b if k != "hidden_comm_s"), key=lambda k: b[k])
+            lo, hi = doc["predicted_band_s"]
+            print(f"{model:<10} {name:<7} {ranks:>5} {doc['measured_step_time_s'] * 1e3:>12.2f} "
+                  f"{doc['predicted_step_time_s'] * 1e3:>13.2f} {lo * 1e3:>8.1f}-{hi * 1e3:<8.1f} "
+                  f"{doc['error_pct']:>+7.1f}%  {top} {b[top] / doc['predicted_step_time_s']:.0%}", flush=True)
+            rows.append(doc)
+            errors.append(abs(doc["error_pct"]))
+    if errors:
+        print(f"\n{len(errors)} runs: median |error| {statistics.median(errors):.1f} %, worst {max(errors):.1f} %")
+    print(f"files: {root}")
+
+
+if __name__ == "__main__":
+    main()
