@@ -155,8 +155,10 @@ def test_interference_slows_overlapped_comm_and_compute():
     base = {"layer fwd": 10.0, "layer bwd": 20.0, "adam": 0.0}
     sb = predict.predict(w, par, TableTimes(base, {"first": 4, "last": 2},
                                             interference={"comm": 1.5, "compute": 1.25}))
-    # first runs under compute 25..31 (x1.5) and slows it by 0.25 x 5 (the overlap up to 30):
-    # compute ends 31.25, the last (ready 30 + 1.25) starts 31.25 after compute: 2 more
+    # first starts at 25 under compute: 5 s at 1/1.5 speed do 3.33 s of its 4, the rest
+    # runs alone (ends 30.67); those 5 s stretch compute by 0.25 x 5 to 31.25; the last
+    # (ready at 30 + 1.25) starts 31.25 after compute: 2 more
+    assert sb.breakdown["hidden_comm_s"] == pytest.approx(5 + 2 / 3 + 2 - 3.25)
     assert sb.step_time_s == pytest.approx(33.25)
 
 
@@ -182,3 +184,22 @@ def test_parts_sum_to_step_time_on_a_real_plan():
         sb = predict.predict(w, par, predict.Times(CommModel.from_system(spec), spec=spec))
         parts = sum(v for k, v in sb.breakdown.items() if k != "hidden_comm_s")
         assert parts == pytest.approx(sb.step_time_s, rel=1e-9), kw
+
+
+def test_zero1_parameter_broadcasts_coalesced_per_step():
+    """ZeroRedundancyOptimizer issues its per-parameter broadcasts together and
+    waits at the end: one transfer of their total bytes, after the optimizer."""
+    par = Parallelism(world=2, gpus_per_node=2, zero=1)
+    comm = [dp_op("b1", 100), dp_op("p", 1000, coll="broadcast", count=3, phase="step"),
+            dp_op("q", 500, coll="broadcast", count=2, phase="step")]
+    asked = []
+
+    class Recording(TableTimes):
+        def comm(self, collective, nbytes, group_size, num_nodes, dtype, bound):
+            asked.append((collective, nbytes, group_size))
+            return 1e-6 * nbytes
+    t = Recording({"layer fwd": 1.0, "layer bwd": 2.0, "adam": 0.5}, {"b1": 0.25})
+    sb = predict.predict(workload(par, layer_ops(1) + [adam()], comm), par, t)
+    assert set(asked) == {("broadcast", 3 * 1000 + 2 * 500, 2)}
+    assert sb.step_time_s == pytest.approx(3 + 0.25 + 0.5 + 4000e-6)
+    assert sb.breakdown["dp_exposed_s"] == pytest.approx(0.25 + 4000e-6)
