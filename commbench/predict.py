@@ -31,8 +31,9 @@ Composition, for each pipeline stage (every rank of a stage does the same):
      under compute takes comm_slowdown times longer and slows the compute it
      overlaps by (compute_slowdown - 1) x the overlap.
 4. After the pipeline and the DP tail: once-per-step collectives (ZeRO-1
-   parameter broadcasts / all-gathers, the tied-embedding all-reduce, the
-   sequence-parallel norm-gradient all-reduce) and the optimizer step, in series.
+   parameter broadcasts / all-gathers, issued together and taken as one transfer
+   of their total bytes; the tied-embedding all-reduce; the sequence-parallel
+   norm-gradient all-reduce) and the optimizer step, in series.
 The step time is the slowest stage's end.
 
 Breakdown (of the critical stage; the parts sum to the step time):
@@ -201,8 +202,17 @@ def stage_times(workload_ops, comm_ops, par, times: Times, bound: str) -> list:
                 st.tp_bwd_s += t * c.count / m
         elif c.axis == "pp" and c.phase == "step":
             st.pp_step_s += times.comm_op(c, bound) * c.count
-        elif c.axis == "dp" and c.phase == "step":
-            st.dp_step_s += times.comm_op(c, bound) * c.count
+    # once-per-step DP collectives (ZeRO-1's parameter broadcasts or all-gather)
+    # are issued asynchronously together and waited for at the end (torch's
+    # ZeroRedundancyOptimizer): taken as one transfer of their total bytes per
+    # collective and group shape, each latency paid once
+    batches = {}
+    for c in comm_ops:
+        if c.axis == "dp" and c.phase == "step":
+            key = (c.stage, c.collective, c.group_size, c.num_nodes, c.dtype)
+            batches[key] = batches.get(key, 0) + c.nbytes * c.count
+    for (stage, collective, group_size, num_nodes, dtype), nbytes in batches.items():
+        out[stage].dp_step_s += times.comm(collective, nbytes, group_size, num_nodes, dtype, bound)
     return out
 
 
@@ -268,18 +278,27 @@ def dp_calls(dp_ops, par, timeline, times: Times, bound: str) -> list:
     """Every DP/ZeRO call of one stage's step with its ready time on the stage's
     timeline (schedule.Op list), in issue order."""
     m = par.num_microbatches
-    intervals = {}                    # (phase, micro-batch) -> [(start, end)] in time order
-    for op in timeline:
-        intervals.setdefault(("fwd" if op.kind == "F" else "bwd", op.microbatch), []).append((op.start_s, op.end_s))
-    calls = []
+    plan = {}                         # phase -> (its ops per micro-batch, those of micro-batches < m - 1)
     for phase in ("fwd", "bwd"):
         ops = [c for c in dp_ops if c.phase == phase]
-        if not ops:
+        if ops:
+            per_mb = [(c, c.count // m, None) if c.count >= m and c.count % m == 0 else (c, c.count, m - 1)
+                      for c in ops]
+            plan[phase] = (per_mb, [x for x in per_mb if x[2] is None])
+    # (phase, micro-batch) -> [(start, end)] in time order, for the micro-batches that get calls
+    intervals = {}
+    kinds = {"F": "fwd", "B": "bwd"}
+    for op in timeline:
+        phase = kinds[op.kind]
+        if phase in plan and (plan[phase][1] or op.microbatch == m - 1):
+            intervals.setdefault((phase, op.microbatch), []).append((op.start_s, op.end_s))
+    calls = []
+    for phase in ("fwd", "bwd"):
+        if phase not in plan:
             continue
-        per_mb = [(c, c.count // m, None) if c.count >= m and c.count % m == 0 else (c, c.count, m - 1) for c in ops]
+        per_mb, every_mb = plan[phase]
         singles = [(c, k) for c, k, _ in per_mb if k == 1]
         total_single = sum(c.nbytes for c, _ in singles) or 1
-        every_mb = [x for x in per_mb if x[2] is None]      # what runs in micro-batches other than m - 1
         for j in range(m):
             ivs = sorted(intervals.get((phase, j), []))
             if not ivs:
@@ -306,17 +325,27 @@ def dp_calls(dp_ops, par, timeline, times: Times, bound: str) -> list:
 def place_dp(calls, compute_end_s: float, comm_slowdown: float = 1.0, compute_slowdown: float = 1.0):
     """Run the calls on one stream against the stage's compute, which ends at
     compute_end_s unless gating all-gathers or interference hold it back.
-    Returns (exposed_s, hidden_s, comm_total_s)."""
+    Interference (factors >= 1) acts on the part of a gradient reduction that
+    runs while compute still runs: that part proceeds comm_slowdown times slower
+    and stretches the compute by (compute_slowdown - 1) x its length. A gating
+    all-gather is taken as running while compute waits for it, without
+    interference. Returns (exposed_s, hidden_s, comm_total_s)."""
     free, shift, total = 0.0, 0.0, 0.0
     for c in calls:
         start = max(c.ready_s + shift, free)
-        under_compute = start < compute_end_s + shift
-        dur = c.duration_s * (comm_slowdown if under_compute else 1.0)
+        window = compute_end_s + shift - start          # compute still to run after start
+        dur = c.duration_s
+        if c.deadline_s is None and window > 0 and comm_slowdown > 1.0:
+            if dur * comm_slowdown <= window:
+                dur, overlap = dur * comm_slowdown, dur * comm_slowdown
+            else:
+                dur, overlap = window + (dur - window / comm_slowdown), window
+        else:
+            overlap = max(0.0, min(dur, window)) if c.deadline_s is None else 0.0
         end = start + dur
         total += dur
-        if under_compute and compute_slowdown > 1.0:
-            overlap = min(end, compute_end_s + shift) - start
-            shift += (compute_slowdown - 1.0) * max(0.0, overlap)
+        if overlap > 0 and compute_slowdown > 1.0:
+            shift += (compute_slowdown - 1.0) * overlap
         if c.deadline_s is not None and end > c.deadline_s + shift:
             shift += end - (c.deadline_s + shift)          # compute waits for its parameters
         free = end
@@ -336,24 +365,57 @@ def model_flops(workload, par) -> float:
     return total * par.tp * par.dp
 
 
-def compose(workload, par, times: Times, bound: str = "mid") -> dict:
+@dataclass
+class Pipeline:
+    """What composition reads of a simulated pipeline (schedule.PipelineResult)."""
+    ends_s: list             # per rank: end of its last op (ops of a rank run one after another)
+    busy_s: list             # per rank: its compute
+    timelines: list          # per rank: its ops, or (tail) only those of the last micro-batch
+    tail: bool
+
+
+def simulate(par, fwd, bwd, p2p, full: bool, cache: dict | None = None) -> Pipeline:
+    """The pipeline of a plan with these chunk and p2p times. cache (kept across
+    the predictions of one search) holds simulations by their inputs, with only
+    the last micro-batch's ops: enough for DP collectives issued once per step
+    (full=False); identical inputs give identical results."""
+    m = par.num_microbatches
+    kw = dict(schedule=par.schedule if par.pp > 1 else "1f1b", interleave=par.interleave if par.pp > 1 else 1)
+    if callable(p2p):           # the same calls simulate_pipeline makes, once, as a key
+        p2p = tuple(p2p(k) for k in range(par.pp * kw["interleave"] - 1))
+    key = (par.pp, m, kw["schedule"], kw["interleave"], tuple(fwd), tuple(bwd), p2p)
+    hit = cache.get(key) if cache is not None else None
+    if hit is not None and not (full and hit.tail):
+        return hit
+    res = schedule.simulate_pipeline(par.pp, m, fwd, bwd, p2p, **kw)
+    out = Pipeline([tl[-1].end_s for tl in res.timelines], res.busy_s, res.timelines, False)
+    if cache is not None:
+        cache[key] = Pipeline(out.ends_s, out.busy_s,
+                              [[op for op in tl if op.microbatch == m - 1] for tl in res.timelines], True)
+    return out
+
+
+def compose(workload, par, times: Times, bound: str = "mid", pipeline_cache: dict | None = None) -> dict:
     """One composition at a bound: per-stage ends and the critical stage's parts."""
     stages = stage_times(workload.compute_ops, workload.comm_ops, par, times, bound)
     fwd, bwd = chunk_times(stages, par, "fwd"), chunk_times(stages, par, "bwd")
     p2p = p2p_times(workload.comm_ops, par, times, bound)
-    kw = dict(schedule=par.schedule if par.pp > 1 else "1f1b", interleave=par.interleave if par.pp > 1 else 1)
-    pipe = schedule.simulate_pipeline(par.pp, par.num_microbatches, fwd, bwd, p2p, **kw)
-    free = schedule.simulate_pipeline(par.pp, par.num_microbatches, fwd, bwd, 0.0, **kw) if p2p else pipe
     slow = times.interference
     m = par.num_microbatches
+    dp_by_stage = {}                  # stage -> its DP/ZeRO ops of the forward and backward, in order
+    for c in workload.comm_ops:
+        if c.axis == "dp" and c.phase in ("fwd", "bwd"):
+            dp_by_stage.setdefault(c.stage, []).append(c)
+    # dp_calls needs every micro-batch's intervals only for ops issued every micro-batch
+    full = m > 1 and any(c.count >= m and c.count % m == 0 for ops in dp_by_stage.values() for c in ops)
+    pipe = simulate(par, fwd, bwd, p2p, full, pipeline_cache)
+    free = simulate(par, fwd, bwd, 0.0, False, pipeline_cache) if p2p else pipe
     parts = []
     for r in range(par.pp):
         st = stages[r]
-        # a rank's ops run one after another, so its last op ends last
-        end = pipe.timelines[r][-1].end_s
-        end_free = free.timelines[r][-1].end_s
-        dp_ops = [c for c in workload.comm_ops if c.axis == "dp" and c.stage == r and c.phase in ("fwd", "bwd")]
-        calls = dp_calls(dp_ops, par, pipe.timelines[r], times, bound)
+        end = pipe.ends_s[r]
+        end_free = free.ends_s[r]
+        calls = dp_calls(dp_by_stage.get(r, []), par, pipe.timelines[r], times, bound)
         exposed, hidden, _ = place_dp(calls, end, slow.get("comm", 1.0), slow.get("compute", 1.0))
         compute = (st.fwd_s + st.bwd_s) * m
         tp = (st.tp_fwd_s + st.tp_bwd_s) * m
@@ -372,11 +434,13 @@ def compose(workload, par, times: Times, bound: str = "mid") -> dict:
     return {"stages": parts, "critical": max(range(par.pp), key=lambda r: parts[r]["end_s"])}
 
 
-def predict(workload, par, times: Times, peak_tflops: float | None = None) -> StepBreakdown:
+def predict(workload, par, times: Times, peak_tflops: float | None = None,
+            pipeline_cache: dict | None = None) -> StepBreakdown:
+    """pipeline_cache: a dict kept across the predictions of one search (simulate)."""
     if times.has_band():
-        runs = {b: compose(workload, par, times, b) for b in BOUNDS}
+        runs = {b: compose(workload, par, times, b, pipeline_cache) for b in BOUNDS}
     else:       # every bound gives the central times: one composition stands for all three
-        central = compose(workload, par, times, BOUNDS[0])
+        central = compose(workload, par, times, BOUNDS[0], pipeline_cache)
         runs = {b: central for b in BOUNDS}
     main = runs["mid"]
     crit = main["stages"][main["critical"]]
