@@ -144,17 +144,34 @@ def build_parser() -> Parser:
                    help="without a launcher, spawn this many local ranks (default 2 on cpu, one per GPU)")
     g.add_argument("--device", default="auto", help="cpu, cuda, or auto (cuda when a GPU is visible)")
     g.add_argument("--steps", type=int, default=5, help="timed training steps (default 5)")
+    g.add_argument("--tp-impl", default="auto",
+                   help="tensor parallelism that runs: megatron (plain torch, Megatron's collectives), dtensor "
+                        "(torch DTensor), or auto (default: megatron where it can, i.e. without SP or pp)")
     g.add_argument("--warmup-steps", type=int, default=2, help="untimed training steps first (default 2)")
     g.add_argument("--timeout", type=float, default=300.0, help="rendezvous/collective timeout in seconds")
     g.add_argument("--out-dir", default=None,
                    help="where comm.jsonl, compute.jsonl and validate.json go (default results/validate-TIMESTAMP)")
     g.add_argument("--force", action="store_true", help="overwrite the files in --out-dir")
     v.add_argument("--json", action="store_true", help="print the report as one JSON document")
+    rp = sub.add_parser("report", help="an HTML and markdown report with figures from results, predict and "
+                                       "validate outputs")
+    rp.add_argument("inputs", nargs="+", metavar="INPUT",
+                    help="results files (.jsonl), predict --json documents, validate.json files")
+    rp.add_argument("--out", required=True, metavar="DIR", help="folder for report.html, report.md and figures/")
+    rp.add_argument("--title", default="commbench report", help="the report's title")
+    rp.add_argument("--force", action="store_true", help="replace an existing report in DIR")
     e = sub.add_parser("env", help="print what a run records about the machine")
     e.add_argument("--json", action="store_true", help="one JSON document on stdout")
     e.add_argument("--backend", default="torch", help="backend used to gather the ranks under a launcher")
     e.add_argument("--device", default="auto", help="cpu, cuda or auto")
     e.add_argument("--timeout", type=float, default=300.0)
+    from commbench import emulate
+    emulate.add_args(sub.add_parser("emulate", help="run a command on an emulated multi-node cluster "
+                                                    "(network namespaces, tc-shaped links; root)"))
+    from commbench import cli_results
+    cli_results.add_parsers(sub)
+    from commbench import cli_plans
+    cli_plans.add_parsers(sub, _predict_inputs)
     return p
 
 
@@ -362,8 +379,9 @@ def _validate_plan(a, world: int, gpus_per_node: int, device: str):
     model, par = planflags.from_args(a, defaults)
     if par.world != world:
         raise ValueError(f"the plan is for {par.world} GPUs but this job has {world} ranks")
-    from commbench import training
+    from commbench import training, validate
     training.check_plan(model, par)       # what the torch implementations cannot run, before anything starts
+    validate.tp_impl_for(model, par, a.tp_impl)
     return model, par
 
 
@@ -400,7 +418,7 @@ def cmd_validate(a, argv) -> int:
         os.makedirs(out_dir, exist_ok=True)
     launch_mod.set_cpu_threads(info, device)
     doc = validate.run_on_rank(model, par, info, device, a.steps, a.warmup_steps, out_dir, ["commbench", *argv],
-                               overwrite=a.force, timeout_s=a.timeout)
+                               overwrite=a.force, timeout_s=a.timeout, tp_impl=validate.tp_impl_for(model, par, a.tp_impl))
     if doc is None:
         return EXIT_OK
     path = validate.write(doc, out_dir, overwrite=a.force)
@@ -482,6 +500,13 @@ def cmd_env(a) -> int:
     return EXIT_OK
 
 
+def cmd_report(a) -> int:
+    from commbench import report
+    paths = report.build(a.inputs, a.out, title=a.title, force=a.force)
+    print(f"report: {paths['html']} and {paths['markdown']} ({len(paths['figures'])} figures)")
+    return EXIT_OK
+
+
 def cmd_models(a) -> int:
     from commbench import models
     rows = [m.to_dict() for m in models.CATALOGUE.values()]
@@ -534,6 +559,17 @@ def main(argv=None) -> int:
             return cmd_predict(a)
         if a.verb == "validate":
             return cmd_validate(a, list(argv))
+        if a.verb == "emulate":
+            from commbench import emulate
+            return emulate.cli(a)
+        if a.verb == "report":
+            return cmd_report(a)
+        if a.verb in ("compare", "check", "baseline", "import"):
+            from commbench import cli_results
+            return cli_results.dispatch(a)
+        if a.verb in ("search", "study"):
+            from commbench import cli_plans
+            return cli_plans.dispatch(a)
         return cmd_env(a)
     except (UsageError, ValueError) as e:
         print(f"commbench: error: {e}" if not str(e).startswith("commbench") else str(e), file=sys.stderr)

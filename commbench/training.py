@@ -218,9 +218,12 @@ def _optimizer(params, par: Parallelism, mesh):
     return torch.optim.Adam(params, lr=LR)
 
 
-def _describe(par: Parallelism, dev: torch.device) -> str:
+def _describe(par: Parallelism, dev: torch.device, tp_impl: str = "dtensor") -> str:
     parts = []
-    if par.tp > 1:
+    if par.tp > 1 and tp_impl == "megatron":
+        parts.append(f"Megatron-style TP x {par.tp} in plain torch (column/row-parallel, vocab-parallel "
+                     "embedding and cross-entropy)")
+    elif par.tp > 1:
         parts.append(f"DTensor TP x {par.tp} (colwise/rowwise{', SequenceParallel' if par.sp else ''}, "
                      "vocab-parallel embedding, loss_parallel)")
     if par.pp > 1:
@@ -273,10 +276,36 @@ def _plain(t):
 
 
 # --- the step of each kind of plan --------------------------------------------------------------
-def _flat_step(spec: ModelSpec, par: Parallelism, mesh, dev, seed: int):
+def _megatron_tp_model(spec: ModelSpec, par: Parallelism, mesh, dev, seed: int):
+    """Megatron-style TP (megatron_tp.py) on the tp mesh, then the plan's DP wrapper."""
+    from commbench import megatron_tp
+    raw = megatron_tp.Transformer(spec, mesh["tp"].get_local_rank(), par.tp, mesh["tp"].get_group(), seed)
+    raw.to(device=dev, dtype=_param_dtype(par))
+    if par.recompute == "full":
+        from torch.utils.checkpoint import checkpoint
+        for layer in raw.layers:
+            layer.forward = functools.partial(checkpoint, layer.forward, use_reentrant=False)
+    if par.dp > 1 and par.zero >= 2:
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+        mp = MixedPrecisionPolicy(param_dtype=TORCH_DTYPES[par.dtype], reduce_dtype=TORCH_DTYPES[par.grad_dtype])
+        from torch.distributed.fsdp import fully_shard
+        for layer in raw.layers:
+            fully_shard(layer, mesh=mesh["dp"], reshard_after_forward=par.zero == 3, mp_policy=mp)
+        fully_shard(raw, mesh=mesh["dp"], reshard_after_forward=par.zero == 3, mp_policy=mp)
+        return raw
+    if par.dp > 1:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        return DDP(raw, process_group=mesh["dp"].get_group(), **ddp.ddp_kwargs(par))
+    return raw
+
+
+def _flat_step(spec: ModelSpec, par: Parallelism, mesh, dev, seed: int, tp_impl: str = "dtensor"):
     """One optimizer step without pipelining: m micro-batches accumulated."""
-    raw = torch_model.build(spec, seed)
-    model = _parallelize(raw, spec, par, mesh, dev)
+    megatron = tp_impl == "megatron" and par.tp > 1
+    if megatron:
+        model = _megatron_tp_model(spec, par, mesh, dev, seed)
+    else:
+        model = _parallelize(torch_model.build(spec, seed), spec, par, mesh, dev)
     opt = _optimizer(list(model.parameters()), par, mesh)
     m = par.num_microbatches
     x, y = _tokens(spec, (m, par.micro_batch, par.seq_for(spec)), _data_seed(seed, mesh["dp"].get_local_rank()), dev)
@@ -288,8 +317,8 @@ def _flat_step(spec: ModelSpec, par: Parallelism, mesh, dev, seed: int):
         total = 0.0
         for i, (x, y) in enumerate(batches):
             no_sync = model.no_sync() if is_ddp and i < m - 1 else nullcontext()
-            with no_sync, _loss_context(par):
-                loss = lm_loss(model(x), y) / m
+            with no_sync, (nullcontext() if megatron else _loss_context(par)):
+                loss = (model(x, y) if megatron else lm_loss(model(x), y)) / m
                 loss.backward()
             total = total + _plain(loss.detach())
         opt.step()
@@ -391,7 +420,7 @@ def _over_ranks(durations: list, losses: list, dev) -> tuple:
 
 
 def train_steps(model: ModelSpec, par: Parallelism, steps: int, warmup: int = 2, device: str = "cpu",
-                seed: int = 0) -> StepTimes:
+                seed: int = 0, tp_impl: str = "dtensor") -> StepTimes:
     """Run warmup + steps real optimizer steps of the plan on this rank (every rank
     of the default group calls it) and time them. ValueError for a plan that cannot run."""
     check_plan(model, par)
@@ -399,9 +428,16 @@ def train_steps(model: ModelSpec, par: Parallelism, steps: int, warmup: int = 2,
     from torch.distributed.device_mesh import init_device_mesh
     dev = _device(device)
     mesh = init_device_mesh(dev.type, (par.pp, par.dp, par.tp), mesh_dim_names=("pp", "dp", "tp"))
-    build = _pipeline_step if par.pp > 1 else _flat_step
-    step = build(model, par, mesh, dev, seed)
+    if tp_impl not in ("dtensor", "megatron"):
+        raise ValueError(f"tp implementation {tp_impl!r}: choose dtensor or megatron")
+    if tp_impl == "megatron" and par.tp > 1:
+        from commbench import megatron_tp
+        why = megatron_tp.check(model, par)
+        if why:
+            raise ValueError(f"tp implementation megatron does not support {why}: use dtensor")
+    step = _pipeline_step(model, par, mesh, dev, seed) if par.pp > 1 else \
+        _flat_step(model, par, mesh, dev, seed, tp_impl)
     durations, losses = _timed(step, warmup + steps, dev)
     step_s, mean_losses = _over_ranks(durations, losses, dev)
     return StepTimes(step_s=step_s[warmup:], rank_step_s=durations[warmup:], losses=mean_losses[warmup:],
-                     implementation=_describe(par, dev), warmup=warmup)
+                     implementation=_describe(par, dev, tp_impl), warmup=warmup)

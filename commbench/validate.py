@@ -19,15 +19,31 @@ COMM_TIMING = TimingSettings(warmup=3, iters=10, max_iters=2000, time_budget_s=0
 COMPUTE_TIMING = TimingSettings(warmup=3, iters=10, max_iters=2000, time_budget_s=0.5, target_ci=0.02)
 
 
+def tp_impl_for(model, par, asked: str = "auto") -> str:
+    """The tensor-parallel implementation validate runs: Megatron-style
+    (megatron_tp.py) wherever it can (no SP, no pipeline), else DTensor; asked
+    'megatron' where it cannot is a ValueError naming why."""
+    from commbench import megatron_tp
+    if asked not in ("auto", "megatron", "dtensor"):
+        raise ValueError(f"--tp-impl {asked!r}: choose auto, megatron or dtensor")
+    why = megatron_tp.check(model, par) if par.tp > 1 else None
+    if asked == "megatron" and why:
+        raise ValueError(f"--tp-impl megatron does not support {why}: use dtensor")
+    if asked == "auto":
+        return "dtensor" if why else "megatron"
+    return asked
+
+
 def run_on_rank(model, par, info, device, steps, warmup, out_dir, argv, overwrite=False, timeout_s=300.0,
-                comm_timing=COMM_TIMING, compute_timing=COMPUTE_TIMING) -> dict | None:
-    """Every rank calls this; rank 0 returns the report, the others None."""
+                comm_timing=COMM_TIMING, compute_timing=COMPUTE_TIMING, tp_impl="megatron") -> dict | None:
+    """Every rank calls this; rank 0 returns the report, the others None. tp_impl:
+    the tensor-parallel implementation that runs (and whose collectives are predicted)."""
     from commbench import backends, sweep, training
     from commbench.compute import runner
     backend = backends.create("torch", info, device, timeout_s)
     try:
-        # the collectives of what training.py runs: DTensor's tensor parallelism
-        workload = plan_mod.build(model, par, tp_flavour="dtensor")
+        # the collectives of what training.py runs
+        workload = plan_mod.build(model, par, tp_flavour=tp_impl)
         comm_path, compute_path = os.path.join(out_dir, "comm.jsonl"), os.path.join(out_dir, "compute.jsonl")
         inter_path = os.path.join(out_dir, "interference.jsonl")
         comm_rf = None
@@ -45,7 +61,7 @@ def run_on_rank(model, par, info, device, steps, warmup, out_dir, argv, overwrit
             inter_rf = interference.run(interference.InterferenceConfig(device=device, timing=compute_timing,
                                                                         timeout_s=timeout_s),
                                         info, argv, inter_path, overwrite, backend=backend)
-        measured = training.train_steps(model, par, steps, warmup=warmup, device=device)
+        measured = training.train_steps(model, par, steps, warmup=warmup, device=device, tp_impl=tp_impl)
     finally:
         backend.close()
     if info.rank != 0:
