@@ -54,14 +54,35 @@ def scale(model, par: Parallelism, counts, mode: str, times_for, predict_fn) -> 
     return rows
 
 
-def plot(rows: list, mode: str, title: str, path: str):
-    """Throughput and efficiency against GPUs, and the breakdown as stacked bars."""
+def _pyplot():
     try:
         import matplotlib
     except ImportError:
-        raise ValueError("--plot needs matplotlib (pip install 'commbench[plot]')") from None
+        raise ValueError("plots need matplotlib (pip install 'commbench[plot]')") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    return plt
+
+
+BREAKDOWN_BARS = (("compute_s", "compute"), ("tp_exposed_s", "TP"), ("pp_exposed_s", "PP"),
+                  ("dp_exposed_s", "DP/ZeRO"), ("bubble_s", "bubble"), ("optimizer_s", "optimizer"))
+
+
+def stacked_breakdown(ax, labels: list, breakdowns: list):
+    """The parts of each step (a StepBreakdown's breakdown dict) as one stacked bar per label."""
+    bottom = [0.0] * len(labels)
+    for key, name in BREAKDOWN_BARS:
+        vals = [b[key] for b in breakdowns]
+        ax.bar(labels, vals, bottom=bottom, label=name)
+        bottom = [x + y for x, y in zip(bottom, vals)]
+    ax.set_ylabel("step time (s)")
+    ax.legend(fontsize="small")
+
+
+def figure(rows: list, mode: str, title: str):
+    """Throughput against GPUs (with linear scaling for reference) and the
+    breakdown at each count as stacked bars; a matplotlib Figure."""
+    plt = _pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
     gpus = [r["gpus"] for r in rows]
     a.plot(gpus, [r["samples_per_s"] for r in rows], "o-", label="predicted")
@@ -71,15 +92,17 @@ def plot(rows: list, mode: str, title: str, path: str):
     a.set_ylabel("samples/s")
     a.set_title(f"{title} ({mode} scaling)")
     a.legend()
-    bottom = [0.0] * len(rows)
-    for key, name in (("compute_s", "compute"), ("tp_exposed_s", "TP"), ("pp_exposed_s", "PP"),
-                      ("dp_exposed_s", "DP/ZeRO"), ("bubble_s", "bubble"), ("optimizer_s", "optimizer")):
-        vals = [r["breakdown"][key] for r in rows]
-        b.bar([str(g) for g in gpus], vals, bottom=bottom, label=name)
-        bottom = [x + y for x, y in zip(bottom, vals)]
+    stacked_breakdown(b, [str(g) for g in gpus], [r["breakdown"] for r in rows])
     b.set_xlabel("GPUs")
-    b.set_ylabel("step time (s)")
-    b.legend(fontsize="small")
     fig.tight_layout()
+    return fig
+
+
+def plot(rows: list, mode: str, title: str, path: str):
+    """Throughput and efficiency against GPUs, and the breakdown as stacked bars, to a file."""
+    try:
+        fig = figure(rows, mode, title)
+    except ValueError as e:
+        raise ValueError(f"--plot: {e}") from None
     fig.savefig(path)
-    plt.close(fig)
+    _pyplot().close(fig)
