@@ -52,7 +52,7 @@ together, so the band is conservative.
 Model FLOPs (TFLOPS per GPU, MFU) count every GEMM and attention op once,
 without recompute: Megatron's 72 B s L h^2 (1 + s/6h + V/(12 L h)) for a GPT."""
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from commbench import schedule
 
@@ -220,7 +220,7 @@ def chunk_times(stages: list, par, which: str) -> list:
     """Per-chunk forward or backward time (compute + TP) for the pipeline
     simulation. With v chunks per rank, chunk c = i pp + r holds 1/v of rank r's
     layers; the embedding rides on the first chunk, the head on the last."""
-    v = par.interleave
+    v = par.interleave if par.pp > 1 else 1      # virtual stages only exist in a pipeline
     out = []
     for c in range(par.pp * v):
         st = stages[c % par.pp]
@@ -365,34 +365,25 @@ def model_flops(workload, par) -> float:
     return total * par.tp * par.dp
 
 
-@dataclass
-class Pipeline:
-    """What composition reads of a simulated pipeline (schedule.PipelineResult)."""
-    ends_s: list             # per rank: end of its last op (ops of a rank run one after another)
-    busy_s: list             # per rank: its compute
-    timelines: list          # per rank: its ops, or (tail) only those of the last micro-batch
-    tail: bool
-
-
-def simulate(par, fwd, bwd, p2p, full: bool, cache: dict | None = None) -> Pipeline:
-    """The pipeline of a plan with these chunk and p2p times. cache (kept across
-    the predictions of one search) holds simulations by their inputs, with only
-    the last micro-batch's ops: enough for DP collectives issued once per step
-    (full=False); identical inputs give identical results."""
+def simulate(par, fwd, bwd, p2p, full: bool, cache: dict | None = None) -> schedule.PipelineResult:
+    """The pipeline of a plan with these chunk and p2p times; its timelines hold
+    every op with full=True, else only the last micro-batch's (enough for DP
+    collectives issued once per step). cache (kept across the predictions of one
+    search) holds simulations by their inputs: identical inputs, identical results."""
     m = par.num_microbatches
-    kw = dict(schedule=par.schedule if par.pp > 1 else "1f1b", interleave=par.interleave if par.pp > 1 else 1)
+    kw = dict(schedule=par.schedule if par.pp > 1 else "1f1b", interleave=par.interleave if par.pp > 1 else 1,
+              record="all" if full else "last")
     if callable(p2p):           # the same calls simulate_pipeline makes, once, as a key
         p2p = tuple(p2p(k) for k in range(par.pp * kw["interleave"] - 1))
     key = (par.pp, m, kw["schedule"], kw["interleave"], tuple(fwd), tuple(bwd), p2p)
     hit = cache.get(key) if cache is not None else None
-    if hit is not None and not (full and hit.tail):
+    if hit is not None and (hit.record == "all" or not full):
         return hit
     res = schedule.simulate_pipeline(par.pp, m, fwd, bwd, p2p, **kw)
-    out = Pipeline([tl[-1].end_s for tl in res.timelines], res.busy_s, res.timelines, False)
     if cache is not None:
-        cache[key] = Pipeline(out.ends_s, out.busy_s,
-                              [[op for op in tl if op.microbatch == m - 1] for tl in res.timelines], True)
-    return out
+        cache[key] = res if not full else replace(
+            res, timelines=[[op for op in tl if op.microbatch == m - 1] for tl in res.timelines], record="last")
+    return res
 
 
 def compose(workload, par, times: Times, bound: str = "mid", pipeline_cache: dict | None = None) -> dict:
@@ -413,8 +404,9 @@ def compose(workload, par, times: Times, bound: str = "mid", pipeline_cache: dic
     parts = []
     for r in range(par.pp):
         st = stages[r]
-        end = pipe.ends_s[r]
-        end_free = free.ends_s[r]
+        # a rank's last op is a backward: the end of its last backward is its end
+        end = pipe.last_bwd_end_s[r]
+        end_free = free.last_bwd_end_s[r]
         calls = dp_calls(dp_by_stage.get(r, []), par, pipe.timelines[r], times, bound)
         exposed, hidden, _ = place_dp(calls, end, slow.get("comm", 1.0), slow.get("compute", 1.0))
         compute = (st.fwd_s + st.bwd_s) * m

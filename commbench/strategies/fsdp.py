@@ -151,7 +151,7 @@ def _gathers_per_step(par: Parallelism, stage: int, reshards: bool, sync_every_m
         # was freed after forward; reshard after backward, so the next micro-batch gathers anew
         return m, (m if reshards else 0), (m if sync_every_microbatch else 1)
     if par.schedule == "interleaved" or par.interleave > 1:
-        raise NotImplementedError("FSDP with the interleaved pipeline schedule is not modelled "
+        raise ValueError("FSDP with the interleaved pipeline schedule is not modelled "
                                   "(torch's PipelineScheduleMulti adds its own UNSHARD/RESHARD actions)")
     # torch.distributed.pipelining: no reshard after backward, no gradient sync until
     # perform_reduce_grad (one reduce-scatter per unit per step); 1F1B runs
