@@ -203,3 +203,34 @@ def test_zero1_parameter_broadcasts_coalesced_per_step():
     assert set(asked) == {("broadcast", 3 * 1000 + 2 * 500, 2)}
     assert sb.step_time_s == pytest.approx(3 + 0.25 + 0.5 + 4000e-6)
     assert sb.breakdown["dp_exposed_s"] == pytest.approx(0.25 + 4000e-6)
+
+
+def test_spec_predictions_over_a_grid_of_plans():
+    """Every valid plan of a grid (GPT and Llama with GQA; tp, pp, ZeRO, SP,
+    interleave, recompute) predicts on a spec: positive parts summing to the step,
+    the band around it, throughput consistent with the step."""
+    import itertools
+
+    from commbench import models, plan, system
+    from commbench.commmodel import CommModel
+    spec = system.load("dgx-h100")
+    times = predict.Times(CommModel.from_system(spec), spec=spec)
+    done = 0
+    for name, tp, pp, zero, sp, v, rc in itertools.product(
+            ("gpt3-1.3b", "llama3-8b"), (1, 8), (1, 4), (0, 1, 3), (False, True), (1, 2), ("none", "full")):
+        try:
+            par = Parallelism(world=64, gpus_per_node=8, tp=tp, pp=pp, zero=zero, sp=sp, interleave=v,
+                              recompute=rc, global_batch=8 * 64 // (tp * pp))
+            w = plan.build(models.get(name), par)
+        except ValueError:
+            continue
+        sb = predict.predict(w, par, times)
+        parts = sum(x for k, x in sb.breakdown.items() if k != "hidden_comm_s")
+        assert parts == pytest.approx(sb.step_time_s, rel=1e-9)
+        assert min(sb.breakdown.values()) >= 0
+        assert sb.step_time_low_s <= sb.step_time_s <= sb.step_time_high_s
+        assert sb.samples_per_s == pytest.approx(par.global_batch / sb.step_time_s)
+        if pp > 1 and par.num_microbatches:
+            assert sb.breakdown["bubble_s"] > 0
+        done += 1
+    assert done > 40
