@@ -1,5 +1,8 @@
-"""commbench's command line: one subcommand per verb. Bad input is one line on
-stderr and exit status 2; wrong results exit 1; a run that fails exits 3."""
+"""commbench's command line: one subcommand per verb. Exit statuses: 0 ok; 1 some
+result was wrong (check: a regression); 2 bad input (one line on stderr); 3 the
+run failed; 124 timeout: a rank hung or died, the job was stopped (one line
+naming the collective, size, group and the ranks that did not answer); 130 / 143
+interrupted by SIGINT / SIGTERM (finished results stay in the file: `run --resume`)."""
 import argparse
 import dataclasses
 import datetime
@@ -10,6 +13,7 @@ import sys
 from commbench import planflags
 
 EXIT_OK, EXIT_WRONG, EXIT_USAGE, EXIT_FAILED = 0, 1, 2, 3
+EXIT_TIMEOUT, EXIT_SIGINT, EXIT_SIGTERM = 124, 130, 143
 
 
 class UsageError(Exception):
@@ -55,12 +59,17 @@ def _run_args(p):
     g.add_argument("--max-iters", type=int, default=10000, help="iteration cap per size (default 10000)")
     g.add_argument("--time-budget", type=float, default=1.0,
                    help="seconds per size to reach the target CI (default 1)")
-    g.add_argument("--timeout", type=float, default=300.0, help="rendezvous/collective timeout in seconds")
+    g.add_argument("--timeout", type=float, default=None,
+                   help="seconds a rank may wait for the others, in the rendezvous and in each collective "
+                        "(default: max(60, 10 x the time the size takes at 100 MB/s) per collective, 300 for "
+                        "the rendezvous); past it the job ends with status 124")
     g = p.add_argument_group("launch and output")
     g.add_argument("--nprocs", type=int, default=None,
                    help="without a launcher, spawn this many local ranks (default: 2 on cpu, one per GPU)")
     g.add_argument("--out", default=None, help="results file (default results/run-TIMESTAMP.jsonl)")
     g.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+    g.add_argument("--resume", default=None, metavar="FILE",
+                   help="continue the interrupted sweep in FILE (same flags): its Cases are skipped, the rest appended")
     g.add_argument("--keep-rank-samples", action="store_true", help="store every rank's raw samples too")
     fmt = g.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="print the results as one JSON document on stdout")
@@ -214,11 +223,25 @@ def _config(a):
                               time_budget_s=a.time_budget, target_ci=a.target_ci))
     # resolving the device imports torch (seconds): only once everything else is valid
     return dataclasses.replace(config, device=_device(a.device, a.backend))
+def _check_resume(a, config):
+    """--resume FILE: FILE is the output; its settings must be this command's."""
+    if a.out is not None and os.path.abspath(a.out) != os.path.abspath(a.resume):
+        raise ValueError(f"--resume {a.resume} appends to that file: drop --out {a.out}")
+    if a.force:
+        raise ValueError("--resume appends to the file and --force would replace it: choose one")
+    if planflags.given(a):
+        raise ValueError("--resume continues a collective sweep; a plan's collectives are rerun in full")
+    from commbench import resume
+    resume.load_for_resume(a.resume, config.settings())
+
+
 
 
 def _default_out(verb: str = "run") -> str:
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     return os.path.join("results", f"{verb}-{stamp}-{os.getpid()}.jsonl")
+    if getattr(a, "resume", None):
+        return launch_mod.spawn_local(nprocs, list(argv), use_mpiexec=use_mpiexec)
 
 
 def _spawn_self(a, argv, nprocs: int, verb: str, use_mpiexec: bool = False) -> int:
@@ -255,6 +278,8 @@ def _run_plan(a, world: int, gpus_per_node: int):
 
 def cmd_run(a, argv) -> int:
     from commbench import launch as launch_mod
+    if a.resume is not None:
+        _check_resume(a, config)
     from commbench.backends import NEEDS_MPIEXEC
     if a.backend == "kernels":     # memory and p2p copy kernels, not a collective backend
         from commbench import kernel_bench
@@ -269,15 +294,18 @@ def cmd_run(a, argv) -> int:
             if config.device == "cuda":
                 import torch
                 nprocs = torch.cuda.device_count()
-        _run_plan(a, nprocs, nprocs)      # a bad plan fails here, once, before any rank starts
+        plan = _run_plan(a, nprocs, nprocs)      # a bad plan fails here, once, before any rank starts
+        if plan is None and config.device == "cpu":
+            from commbench import sweep
+            sweep.check_memory(config, ["localhost"] * nprocs, nprocs)    # a sweep too big fails before it starts
         return _spawn_self(a, argv, nprocs, "run", use_mpiexec=config.backend in NEEDS_MPIEXEC)
     if a.nprocs is not None and a.nprocs != info.world_size:
         raise ValueError(f"--nprocs {a.nprocs} but the launcher started {info.world_size} ranks")
     from commbench import console, sweep
     plan = _run_plan(a, info.world_size, info.local_world_size)
     reporter = console.Reporter(quiet=a.quiet, to_stderr=a.json or a.csv) if info.rank == 0 else None
-    result, wrong = sweep.run(config, info, ["commbench", *argv], a.out or _default_out(), a.force, reporter,
-                              plan=plan, isolated=a.isolated)
+    result, wrong = sweep.run(config, info, ["commbench", *argv], a.resume or a.out or _default_out(), a.force,
+                              reporter, plan=plan, isolated=a.isolated, resume=a.resume is not None)
     if result is not None:
         if a.json:
             print(json.dumps(result.to_json()))
@@ -588,11 +616,14 @@ def main(argv=None) -> int:
             return cli_plans.dispatch(a)
         return cmd_env(a)
     except (UsageError, ValueError) as e:
-        print(f"commbench: error: {e}" if not str(e).startswith("commbench") else str(e), file=sys.stderr)
+        if not getattr(e, "quiet", False):      # a job-wide refusal: rank 0 says it, the others stay quiet
+            print(f"commbench: error: {e}" if not str(e).startswith("commbench") else str(e), file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("commbench: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:    # Ctrl-C, or watchdog.Interrupted (SIGINT/SIGTERM, quiet but on rank 0)
+        message = getattr(e, "message", "commbench: interrupted")
+        if message:
+            print(message, file=sys.stderr)
+        return getattr(e, "exit_status", EXIT_SIGINT)
     except Exception as e:   # a failed run: one line; the traceback with COMMBENCH_DEBUG=1
         if os.environ.get("COMMBENCH_DEBUG"):
             raise

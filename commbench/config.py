@@ -29,7 +29,7 @@ class RunConfig:
     check_iters: int = 1
     root: int = 0
     timing: TimingSettings = field(default_factory=TimingSettings)
-    timeout_s: float = 300.0
+    timeout_s: float | None = None     # None: each collective's deadline scales with its size (watchdog.py)
     keep_rank_samples: bool = False
 
     def __post_init__(self):
@@ -56,13 +56,22 @@ class RunConfig:
             raise ValueError(f"-c/--check must be >= 0, got {self.check_iters}")
         if self.root < 0:
             raise ValueError(f"-r/--root must be >= 0, got {self.root}")
-        if self.timeout_s <= 0:
+        if self.timeout_s is not None and not self.timeout_s > 0:
             raise ValueError(f"--timeout must be positive, got {self.timeout_s}")
         self.sizes = sweep(self.minbytes, self.maxbytes, self.stepfactor, self.stepbytes)
         self.collective_list = coll_mod.parse(self.collectives)
         self.dtype_list = parse_dtypes(self.dtypes)
         self.redop_list = parse_redops(self.redops)
         self.layout_list = groups_mod.parse_layouts(self.layouts)
+
+    @property
+    def rendezvous_timeout_s(self) -> float:
+        """Of the rendezvous and of the backend's own operation timeout: --timeout
+        when given, else 300 s or twice the largest size's collective deadline."""
+        from commbench.watchdog import collective_timeout_s
+        if self.timeout_s is not None:
+            return self.timeout_s
+        return max(300.0, 2 * collective_timeout_s(max(self.sizes) if self.sizes else 0))
 
     @property
     def in_place_list(self):

@@ -210,13 +210,16 @@ def _wait_all(procs, grace_s: float = 10.0) -> int:
                 code = p.poll()
                 if code is not None and code != 0 and not worst:
                     worst = code if code > 0 else 128 - code
-                    deadline = time.monotonic() + grace_s
+                    # 124: a rank gave up on the others (watchdog.py): whoever is left is hung
+                    deadline = time.monotonic() + (min(grace_s, 3.0) if worst == 124 else grace_s)
             if deadline is not None and time.monotonic() > deadline:
                 _stop(procs)
             time.sleep(0.05)
         for p in procs:
             if not worst and p.returncode:
                 worst = p.returncode if p.returncode > 0 else 128 - p.returncode
+        if worst > 128 and any(p.returncode == 124 for p in procs):
+            return 124        # a rank died of a signal and the others reported it: the job timed out
         return worst
     finally:
         for s, h in old.items():

@@ -113,11 +113,18 @@ class ResultWriter:
     Opens with O_EXCL unless overwrite is asked for: a user's results are never
     replaced by accident."""
 
-    def __init__(self, path: str, header: dict, overwrite: bool = False):
-        """header: a make_header() dict."""
+    def __init__(self, path: str, header: dict, overwrite: bool = False, append: bool = False):
+        """header: a make_header() dict. append: continue an existing file
+        (`run --resume`): its lines stay as they are (a partial last line left
+        by a crash is cut off) and no header is written."""
         self.path = path
         parent = os.path.dirname(os.path.abspath(path))
         os.makedirs(parent, exist_ok=True)
+        if append:
+            from commbench.resume import cut_partial_line
+            cut_partial_line(path)
+            self._f = open(path, "a", encoding="utf-8")
+            return
         self._f = open(path, "w" if overwrite else "x", encoding="utf-8")
         self._write(header)
 

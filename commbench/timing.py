@@ -51,7 +51,11 @@ class Timed:
     own_samples_s: list        # this rank's own per-iteration times
 
 
-def measure(backend, op, settings: TimingSettings) -> Timed:
+def measure(backend, op, settings: TimingSettings, on_phase=None) -> Timed:
+    """on_phase(calls, budget_s), if given, is told before the warmup and before
+    each timed batch how many calls follow (the watchdog's deadline)."""
+    if on_phase:
+        on_phase(settings.warmup, 0.0)
     for _ in range(settings.warmup):
         op()
     backend.synchronize()
@@ -60,6 +64,8 @@ def measure(backend, op, settings: TimingSettings) -> Timed:
     batch = settings.iters
     start = time.monotonic()
     while True:
+        if on_phase:
+            on_phase(batch, settings.time_budget_s)
         s = backend.time_iterations(op, batch)
         own += s
         maxed += backend.control_reduce(np.asarray(s, dtype=np.float64), "max").tolist()

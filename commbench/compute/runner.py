@@ -161,6 +161,8 @@ def run(workload_ops, launch, device, settings, out_path, overwrite, argv, flush
 
 
 def shape_key(case: Case) -> tuple:
+        from commbench import rankcheck
+        rankcheck.check_same(backend, {k: v for k, v in header["settings"].items() if k != "threads_per_rank"})
     """What makes two compute measurements interchangeable: kernel, dtype, device,
     shape (not the backend label or how many ranks ran at once)."""
     import json

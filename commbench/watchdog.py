@@ -1,0 +1,306 @@
+"""Deadlines for a run's collectives, and what a rank does when one passes or a
+peer disappears.
+
+Every rank runs a daemon thread that knows the case in progress and a deadline.
+The sweep re-arms it at each point of progress (a case's start, the end of its
+check, of its warmup, of each timed batch): a phase must end within
+
+    T + (its collective calls) x nbytes / 100 MB/s
+
+where T is `--timeout` when given, else max(60 s, 10 x nbytes / 100 MB/s)
+(`collective_timeout_s`), plus `--time-budget` for timed batches (their size is
+chosen to fill it). When the deadline passes, or a collective fails because a
+peer went away, the rank finds which ranks did not answer, the lowest rank
+that did prints ONE line on stderr and every rank ends with EXIT_TIMEOUT (124)
+through os._exit (the results file holds whole, fsynced lines only).
+
+Which ranks did not answer: every rank writes its position (case index, phase
+number) and pid to a small file in a directory of the host's temp dir named
+after the run id. A rank on this host whose process is gone, or whose position
+is behind the most advanced one, did not answer. Ranks on other hosts cannot
+be seen from here and are named "unknown" (then the lowest answering rank of
+each host prints its line).
+
+Interruptions: SIGINT and SIGTERM raise Interrupted in the main thread; the
+rank marks itself interrupted, so a peer whose collective fails because of it
+ends with the same status (130 / 143) instead of reporting a timeout."""
+import json
+import os
+import re
+import signal
+import sys
+import tempfile
+import threading
+import time
+
+EXIT_TIMEOUT = 124
+RATE_BPS = 100e6            # the slow-but-alive rate the default timeout assumes: 100 MB/s
+MIN_TIMEOUT_S = 60.0
+
+
+def collective_timeout_s(nbytes: int, given: float | None = None) -> float:
+    """T of a collective of nbytes: --timeout when given, else max(60 s, 10 x
+    the time nbytes take at 100 MB/s)."""
+    if given is not None:
+        return float(given)
+    return max(MIN_TIMEOUT_S, 10.0 * nbytes / RATE_BPS)
+
+
+def phase_deadline_s(nbytes: int, calls: int, given: float | None = None, budget_s: float = 0.0) -> float:
+    return collective_timeout_s(nbytes, given) + calls * nbytes / RATE_BPS + budget_s
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM arrived; exit status 128 + signum. message is the one
+    line to print (None on the ranks that stay quiet)."""
+
+    def __init__(self, signum: int, message: str | None = None):
+        super().__init__(signum)
+        self.signum, self.message = signum, message
+
+    @property
+    def exit_status(self) -> int:
+        return 128 + self.signum
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return state not in ("Z", "X")       # a zombie is dead, only not reaped yet
+    except (OSError, IndexError):
+        pass
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+class Progress:
+    """This rank's position in a small file other ranks of the host can read."""
+
+    def __init__(self, run_id: str, rank: int, world_size: int, hosts: list, host: str):
+        self.rank, self.world_size, self.hosts, self.host = rank, world_size, hosts, host
+        self.dir = os.path.join(tempfile.gettempdir(), f"commbench-{run_id}")
+        os.makedirs(self.dir, exist_ok=True)
+        self.pos, self.state = (-1, 0), "running"
+        self.write()
+
+    def _path(self, rank: int) -> str:
+        return os.path.join(self.dir, f"rank{rank}.json")
+
+    def write(self):
+        tmp = self._path(self.rank) + ".tmp"
+        try:
+            with open(tmp, "w") as f:
+                json.dump({"pid": os.getpid(), "pos": list(self.pos), "state": self.state}, f)
+            os.replace(tmp, self._path(self.rank))
+        except OSError:
+            pass            # progress is a diagnosis aid: a full /tmp must not stop the run
+
+    def read_all(self) -> dict:
+        """rank -> {"pid", "pos", "state"} for the ranks of this host whose file is readable."""
+        out = {}
+        for r in range(self.world_size):
+            try:
+                with open(self._path(r)) as f:
+                    out[r] = json.load(f)
+            except (OSError, ValueError):
+                pass
+        return out
+
+    def missing(self) -> tuple[list, list, list]:
+        """(ranks that did not answer, with reasons; ranks that answered; ranks
+        that cannot be seen from this host). A rank that ended because of the
+        timeout itself (state "timeout") answered: its position still counts."""
+        seen = self.read_all()
+        seen[self.rank] = {"pid": os.getpid(), "pos": list(self.pos), "state": self.state}
+        gone = {r for r, d in seen.items()
+                if r != self.rank and d.get("state") != "timeout" and not _alive(int(d.get("pid", -1)))}
+        front = max((tuple(d["pos"]) for r, d in seen.items() if r not in gone), default=(0, 0))
+        silent, answered, unknown = [], [], []
+        for r in range(self.world_size):
+            if self.hosts[r] != self.host:
+                unknown.append(r)
+            elif r not in seen:
+                silent.append((r, "never registered"))
+            elif r in gone:
+                silent.append((r, "process gone"))
+            elif tuple(seen[r]["pos"]) < front:
+                silent.append((r, "still in an earlier step"))
+            else:
+                answered.append(r)
+        return silent, answered, unknown
+
+    def interrupted_peer(self) -> bool:
+        return any(d.get("state") == "interrupted" for r, d in self.read_all().items() if r != self.rank)
+
+    def remove(self):
+        for p in (self._path(self.rank), self._path(self.rank) + ".tmp"):
+            try:
+                os.unlink(p)
+            except OSError:
+                pass
+        try:
+            os.rmdir(self.dir)      # the last rank out removes the directory
+        except OSError:
+            pass
+
+
+def _ranks(rs) -> str:
+    return ", ".join(map(str, rs))
+
+
+class Watchdog:
+    """A daemon thread ending this process when the armed deadline passes."""
+
+    def __init__(self, progress: Progress, out_path: str | None = None, stream=None):
+        self.progress, self.out_path = progress, out_path
+        self.stream = stream or sys.stderr
+        self._lock = threading.Lock()
+        self._deadline, self._what, self._limit = None, "", 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="commbench-watchdog", daemon=True)
+        self._thread.start()
+
+    def arm(self, case_index: int, phase: int, what: str, limit_s: float):
+        """Position (case_index, phase) reached; what follows must end within limit_s."""
+        with self._lock:
+            self.progress.pos = (case_index, phase)
+            self._what, self._limit = what, limit_s
+            self._deadline = time.monotonic() + limit_s
+        self.progress.write()
+
+    def disarm(self):
+        with self._lock:
+            self._deadline = None
+
+    def close(self):
+        self._stop.set()
+        self.disarm()
+
+    def _watch(self):
+        while not self._stop.wait(0.2):
+            with self._lock:
+                late = self._deadline is not None and time.monotonic() > self._deadline
+                what, limit = self._what, self._limit
+            if late:
+                self.report(what, f"within {limit:.0f} s")
+
+    def report(self, what: str, how: str, cause: str | None = None):
+        """Print the one line (if this rank is the lowest that answered) and end
+        the process with EXIT_TIMEOUT; never returns."""
+        try:
+            silent, answered, unknown = self.progress.missing()
+            self.progress.state = "timeout"
+            self.progress.write()
+            mine = [r for r, _ in silent]
+            if self.progress.rank not in mine and answered and self.progress.rank == min(answered):
+                if silent:
+                    who = "; ".join(f"rank {r} ({why})" for r, why in silent)
+                    if unknown:
+                        who += f"; ranks {_ranks(unknown)} on other hosts: unknown"
+                elif unknown:
+                    who = f"unknown (ranks {_ranks(unknown)} are on other hosts)"
+                else:
+                    who = "unknown (every rank of this host reached it)"
+                line = f"commbench: timeout: {what}: did not complete {how}; ranks that did not answer: {who}"
+                if cause:
+                    line += f" [{cause}]"
+                if self.out_path:
+                    line += f"; finished results are in {self.out_path}"
+                self.stream.write(line + "\n")
+                self.stream.flush()
+        finally:
+            os._exit(EXIT_TIMEOUT)
+
+    def peer_failed(self, what: str, exc: BaseException):
+        """A collective raised: if a peer went away (or was interrupted), end as
+        report() does (or with the interrupt's status); else return, and the
+        caller re-raises its error."""
+        text = re.sub(r"\[[^\]]*\.(cc|cpp|c|h|hpp):\d+\] ?", "", str(exc).splitlines()[0] if str(exc) else "")
+        cause = f"{type(exc).__name__}: {text}"[:200]
+        end = time.monotonic() + 3.0        # the launcher may take a moment to reap a dead peer
+        while True:
+            if self.progress.interrupted_peer():
+                raise Interrupted(signal.SIGTERM)
+            silent, _, _ = self.progress.missing()
+            if silent:
+                self.report(what, "because a peer stopped answering", cause)
+            if time.monotonic() > end:
+                return
+            time.sleep(0.1)
+
+
+class InterruptHandlers:
+    """SIGINT/SIGTERM raise Interrupted in the main thread while installed."""
+
+    def __init__(self, progress: Progress | None = None):
+        self.progress = progress
+        self._old = {}
+
+    def _handle(self, signum, _frame):
+        if self.progress is not None:
+            self.progress.state = "interrupted"
+            self.progress.write()
+        raise Interrupted(signum)
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for s in (signal.SIGINT, signal.SIGTERM):
+                self._old[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for s, h in self._old.items():
+            signal.signal(s, h)
+        return False
+
+
+class RendezvousGuard:
+    """A deadline for backend creation (the rendezvous), before any run id or
+    progress file exists: past limit_s + 5 s, EXIT_TIMEOUT and one line from
+    rank 0; when the backend itself gives up with a timeout error, every rank
+    that got it says so (rank 0, holding the store, may be the one missing)."""
+
+    def __init__(self, what: str, limit_s: float, rank: int):
+        self.what, self.limit_s, self.rank = what, limit_s, rank
+        self._timer = threading.Timer(limit_s + 5.0, self._expire)
+        self._timer.daemon = True
+
+    def line(self, cause: str | None = None) -> str:
+        s = (f"commbench: timeout: rendezvous of {self.what}: did not complete within {self.limit_s:.0f} s; "
+             f"ranks that did not answer: unknown (rank {self.rank} waited)")
+        return s + (f" [{cause}]" if cause else "")
+
+    def _expire(self):
+        if self.rank == 0:
+            sys.stderr.write(self.line() + "\n")
+            sys.stderr.flush()
+        os._exit(EXIT_TIMEOUT)
+
+    def __enter__(self):
+        self._timer.start()
+        return self
+
+    def __exit__(self, typ, exc, tb):
+        self._timer.cancel()
+        if exc is not None and isinstance(exc, Exception) and "time" in str(exc).lower() \
+                and "out" in str(exc).lower():
+            sys.stderr.write(self.line(f"{type(exc).__name__}: {str(exc).splitlines()[0]}"[:240]) + "\n")
+            sys.stderr.flush()
+            os._exit(EXIT_TIMEOUT)
+        return False
+
+
+def hang_injection(rank: int, case_index: int):
+    """Fault injection for the reliability tests: COMMBENCH_INJECT_HANG=R:I makes
+    rank R stop answering before case I (it sleeps; its own watchdog ends it)."""
+    v = os.environ.get("COMMBENCH_INJECT_HANG", "")
+    r, _, i = v.partition(":")
+    if r.isdigit() and i.isdigit() and int(r) == rank and int(i) == case_index:
+        while True:
+            time.sleep(1)
