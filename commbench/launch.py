@@ -68,7 +68,7 @@ def detect(env=None) -> LaunchInfo:
         local = _ints(env, "LOCAL_RANK")
         local_size = _ints(env, "LOCAL_WORLD_SIZE")
         node = _ints(env, "GROUP_RANK")
-        launcher = "local" if env.get("COMMBENCH_LAUNCHER") == "local" else "torchrun"
+        launcher = env["COMMBENCH_LAUNCHER"] if env.get("COMMBENCH_LAUNCHER") in ("local", "emulate") else "torchrun"
         return LaunchInfo(launcher, rank, size, local[0] if local else 0,
                           local_size[0] if local_size else size, node[0] if node else None, addr, port)
     for name, rv, sv, lrv, lsv, nv in _LAUNCHERS:
