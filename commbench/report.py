@@ -100,6 +100,7 @@ def _png(fig) -> bytes:
 
 
 def _variant(c) -> tuple:
+    """What tells two lines of one file apart in a figure (only the differing parts are shown)."""
     return (c.backend, c.device, c.dtype, "in-place" if c.in_place else "out-of-place", c.params.get("redop") or "",
             f"x{c.concurrent_groups} groups" if c.concurrent_groups != 1 else "")
 
@@ -121,11 +122,12 @@ def busbw_figures(sources: list) -> list:
             groups.setdefault(key, {}).setdefault((s.label, _variant(c)), []).append((c.nbytes, m.busbw_gbps))
     figs = []
     for i, ((op, axis, size, nodes), lines) in enumerate(sorted(groups.items())):
-        several = len({v for _, v in lines}) > 1
-        fig, ax = plt.subplots(figsize=(7, 3.8))
+        variants = {v for _, v in lines}
+        differs = [i for i in range(len(next(iter(variants)))) if len({v[i] for v in variants}) > 1]
+        fig, ax = plt.subplots(figsize=(9, 3.8))
         for (label, variant), pts in sorted(lines.items()):
             pts.sort()
-            name = label + (" " + " ".join(x for x in variant if x) if several else "")
+            name = " ".join([label] + [variant[i] for i in differs if variant[i]])
             ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", markersize=3, label=name)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -134,7 +136,7 @@ def busbw_figures(sources: list) -> list:
         title = f"{op}, {axis}: groups of {size} rank{'s' if size != 1 else ''}, {nodes} node{'s' if nodes != 1 else ''}"
         ax.set_title(title, fontsize="medium")
         ax.grid(True, which="major", alpha=0.3)
-        ax.legend(fontsize="small")
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
         fig.tight_layout()
         figs.append(Figure(f"busbw-{i + 1:02d}-{op}-{axis}-{size}", f"busbw vs size: {title}", _png(fig)))
     return figs
