@@ -169,13 +169,6 @@ def build_parser() -> Parser:
     rp.add_argument("--out", required=True, metavar="DIR", help="folder for report.html, report.md and figures/")
     rp.add_argument("--title", default="commbench report", help="the report's title")
     rp.add_argument("--force", action="store_true", help="replace an existing report in DIR")
-    rp = sub.add_parser("report", help="an HTML and markdown report with figures from results, predict and "
-                                       "validate outputs")
-    rp.add_argument("inputs", nargs="+", metavar="INPUT",
-                    help="results files (.jsonl), predict --json documents, validate.json files")
-    rp.add_argument("--out", required=True, metavar="DIR", help="folder for report.html, report.md and figures/")
-    rp.add_argument("--title", default="commbench report", help="the report's title")
-    rp.add_argument("--force", action="store_true", help="replace an existing report in DIR")
     e = sub.add_parser("env", help="print what a run records about the machine")
     e.add_argument("--json", action="store_true", help="one JSON document on stdout")
     e.add_argument("--backend", default="torch", help="backend used to gather the ranks under a launcher")
@@ -542,13 +535,6 @@ def cmd_report(a) -> int:
     return EXIT_OK
 
 
-def cmd_report(a) -> int:
-    from commbench import report
-    paths = report.build(a.inputs, a.out, title=a.title, force=a.force)
-    print(f"report: {paths['html']} and {paths['markdown']} ({len(paths['figures'])} figures)")
-    return EXIT_OK
-
-
 def cmd_models(a) -> int:
     from commbench import models
     rows = [m.to_dict() for m in models.CATALOGUE.values()]
@@ -606,8 +592,6 @@ def main(argv=None) -> int:
         if a.verb == "emulate":
             from commbench import emulate
             return emulate.cli(a)
-        if a.verb == "report":
-            return cmd_report(a)
         if a.verb in ("compare", "check", "baseline", "import"):
             from commbench import cli_results
             return cli_results.dispatch(a)
