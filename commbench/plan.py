@@ -55,7 +55,16 @@ def load_plan_file(path: str) -> dict:
 
 def from_mapping(data: dict):
     """(ModelSpec, Parallelism) from a plan mapping; ValueError names what is wrong."""
-    model = models.get(data["model"]) if isinstance(data["model"], str) else models.ModelSpec(**data["model"])
+    m = data["model"]
+    if isinstance(m, str):
+        model = models.get(m)
+    elif isinstance(m, dict):
+        try:
+            model = models.ModelSpec(**m)
+        except TypeError as e:
+            raise ValueError(f"bad plan: model: {e}") from None
+    else:
+        raise ValueError(f"bad plan: model must be a catalogue name, a model file or a mapping, got {m!r:.40}")
     kwargs = {k: v for k, v in data.items() if k != "model" and v is not None}
     try:
         par = Parallelism(**kwargs)

@@ -1,0 +1,145 @@
+"""Bad input to every verb (#7): exit 2, exactly one line on stderr, no
+traceback, nothing on stdout, and no file written or overwritten. Run in
+process (cli.main) from an empty working directory: these all fail before any
+rank starts, and a fresh Python per case would cost this table minutes.
+tests/test_cli_errors.py runs a first set as real subprocesses."""
+import json
+import os
+
+import pytest
+
+from commbench import cli
+from commbench.results import make_header
+
+PLAN = ["--model", "tiny-gpt", "--world", "2", "--gpus-per-node", "2", "--global-batch", "4", "--dtype", "fp32"]
+
+
+def _results(d, name="r.jsonl"):
+    (d / name).write_text(json.dumps(make_header(run_id="x", settings={})) + "\n")
+
+
+def _file(name, text):
+    return lambda d: (d / name).write_text(text)
+
+
+def _existing(d):
+    (d / "existing.jsonl").write_text("precious\n")
+
+
+def _both(*fs):
+    return lambda d: [f(d) for f in fs]
+
+
+# id: (argv, setup(dir) or None, text the line must contain)
+CASES = {
+    # run
+    "run-timeout-0": (["run", "--device", "cpu", "--timeout", "0"], None, "--timeout"),
+    "run-timeout-negative": (["run", "--device", "cpu", "--timeout", "-5"], None, "--timeout"),
+    "run-timeout-text": (["run", "--timeout", "soon"], None, "'soon'"),
+    "run-timeout-nan": (["run", "--device", "cpu", "--timeout", "nan"], None, "--timeout"),
+    "run-resume-missing": (["run", "--device", "cpu", "--resume", "gone.jsonl"], None, "gone.jsonl"),
+    "run-resume-not-results": (["run", "--device", "cpu", "--resume", "n.txt"], _file("n.txt", "hello\n"), "n.txt"),
+    "run-resume-and-force": (["run", "--device", "cpu", "--resume", "r.jsonl", "--force"], _results, "--force"),
+    "run-resume-other-out": (["run", "--device", "cpu", "--resume", "r.jsonl", "--out", "o.jsonl"], _results,
+                             "--out"),
+    "run-resume-other-settings": (["run", "--device", "cpu", "--resume", "r.jsonl"], _results, "settings"),
+    "run-too-big": (["run", "--device", "cpu", "--nprocs", "2", "-b", "2T", "-e", "4T"], None, "GiB"),
+    "run-huge-size": (["run", "--device", "cpu", "-e", "99999999999999999999999T"], None, "memory"),
+    "run-root-negative": (["run", "--device", "cpu", "-r", "-1"], None, "root"),
+    "run-time-budget-negative": (["run", "--device", "cpu", "--time-budget", "-1"], None, "time-budget"),
+    "run-dist-backend": (["run", "--device", "cpu", "--dist-backend", "tcp"], None, "'tcp'"),
+    "run-stepbytes-garbage": (["run", "--device", "cpu", "-i", "x1"], None, "'x1'"),
+    "run-out-exists": (["run", "--device", "cpu", "--out", "existing.jsonl"], _existing, "existing.jsonl"),
+    "run-plan-missing-file": (["run", "--device", "cpu", "--plan", "nope.yaml"], None, "nope.yaml"),
+    "run-plan-world-mismatch": (["run", "--device", "cpu", "--nprocs", "2", "--model", "tiny-gpt", "--world", "4",
+                                 "--global-batch", "4"], None, "4"),
+    # show
+    "show-directory": (["show", "."], None, "."),
+    "show-header-not-object": (["show", "a.jsonl"], _file("a.jsonl", "[1, 2]\n"), "header"),
+    "show-bad-measurement": (["show", "b.jsonl"],
+                             _file("b.jsonl", json.dumps(make_header(run_id="x")) + '\n{"case": 5}\n{}\n'), "line 2"),
+    "show-schema-string": (["show", "s.jsonl"],
+                           _file("s.jsonl", json.dumps(dict(make_header(run_id="x"), schema_version="1")) + "\n"),
+                           "schema"),
+    # models / plan
+    "models-extra-arg": (["models", "--all"], None, "--all"),
+    "plan-no-model": (["plan", "--world", "2"], None, "model"),
+    "plan-unknown-model": (["plan", "--model", "gpt5", "--world", "8"], None, "'gpt5'"),
+    "plan-tp-not-dividing": (["plan", "--model", "gpt3-1.3b", "--world", "8", "--tp", "3"], None, "3"),
+    "plan-negative-world": (["plan", "--model", "gpt3-1.3b", "--world", "-8"], None, "-8"),
+    "plan-zero-5": (["plan", "--model", "gpt3-1.3b", "--world", "8", "--zero", "5"], None, "5"),
+    "plan-bad-dtype": (["plan", "--model", "gpt3-1.3b", "--world", "8", "--dtype", "fp7"], None, "fp7"),
+    "plan-file-not-mapping": (["plan", "--plan", "p.json"], _file("p.json", "[1, 2]"), "p.json"),
+    "plan-file-bad-yaml": (["plan", "--plan", "p.yaml"], _file("p.yaml", "a: [1, 2\n"), "p.yaml"),
+    "plan-file-unknown-field": (["plan", "--plan", "p.json"], _file("p.json", '{"model": "tiny-gpt", "wrld": 2}'),
+                                "wrld"),
+    "plan-file-model-number": (["plan", "--plan", "p.json"], _file("p.json", '{"model": 7, "world": 2}'), "model"),
+    "plan-model-file-bad-field": (["plan", "--model", "m.json", "--world", "2"],
+                                  _file("m.json", '{"arch": "gpt", "layerz": 2}'), "layerz"),
+    # compute
+    "compute-iters-0": (["compute", *PLAN, "-n", "0", "--device", "cpu"], None, "-n"),
+    "compute-device": (["compute", *PLAN, "--device", "tpu"], None, "'tpu'"),
+    "compute-out-exists": (["compute", *PLAN, "--device", "cpu", "--nprocs", "2", "--out", "existing.jsonl"],
+                           _existing, "existing.jsonl"),
+    "compute-nprocs-0": (["compute", *PLAN, "--device", "cpu", "--nprocs", "0"], None, "nprocs"),
+    # predict
+    "predict-no-times": (["predict", *PLAN], None, "--comm"),
+    "predict-unknown-system": (["predict", *PLAN, "--system", "summit9"], None, "summit9"),
+    "predict-comm-missing": (["predict", *PLAN, "--comm", "c.jsonl", "--compute", "d.jsonl"], None, "c.jsonl"),
+    "predict-bad-scale": (["predict", *PLAN, "--system", "polaris", "--scale", "8,x"], None, "x"),
+    "predict-peak-negative": (["predict", *PLAN, "--system", "polaris", "--peak-tflops", "-1"], None, "-1"),
+    "predict-plot-without-scale": (["predict", *PLAN, "--system", "polaris", "--plot", "p.png"], None, "--scale"),
+    "predict-system-file-bad": (["predict", *PLAN, "--system", "s.json"], _file("s.json", '{"name": 1}'), "s.json"),
+    # validate
+    "validate-steps-0": (["validate", *PLAN, "--steps", "0"], None, "--steps"),
+    "validate-device": (["validate", *PLAN, "--device", "gpu"], None, "'gpu'"),
+    "validate-nprocs-negative": (["validate", *PLAN, "--nprocs", "-2"], None, "nprocs"),
+    # search / study
+    "search-no-times": (["search", "--model", "gpt3-1.3b", "--world", "8"], None, "--system"),
+    "search-top-0": (["search", "--model", "gpt3-1.3b", "--world", "8", "--system", "polaris", "--top", "0"], None,
+                     "--top"),
+    "search-micro-batches": (["search", "--model", "gpt3-1.3b", "--world", "8", "--system", "polaris",
+                              "--micro-batches", "1,a"], None, "1,a"),
+    "study-unknown-system": (["study", "--system", "nowhere"], None, "nowhere"),
+    # compare / check / baseline / import / report
+    "compare-missing-file": (["compare", "a.jsonl", "b.jsonl"], None, "a.jsonl"),
+    "compare-factor-text": (["compare", "a.jsonl", "b.jsonl", "--factor", "big"], None, "'big'"),
+    "check-missing-baseline": (["check", "--baseline", "base.jsonl", "new.jsonl"], None, "base.jsonl"),
+    "check-no-new": (["check", "--baseline", "base.jsonl"], None, "new"),
+    "baseline-missing-result": (["baseline", "promote", "gone.jsonl", "name"], None, "gone.jsonl"),
+    "import-missing-log": (["import", "nccl-tests", "gone.log"], None, "gone.log"),
+    "import-not-a-log": (["import", "nccl-tests", "x.log", "--op", "all_reduce"], _file("x.log", "hello\n"), "x.log"),
+    "import-unknown-format": (["import", "osu", "x.log"], None, "'osu'"),
+    "report-missing-input": (["report", "gone.jsonl", "--out", "rep"], None, "gone.jsonl"),
+    "report-no-out": (["report", "r.jsonl"], _results, "--out"),
+    # env / emulate / top level
+    "env-device": (["env", "--device", "fpga"], None, "'fpga'"),
+    "emulate-no-command": (["emulate", "--nodes", "2", "--inter-bw", "1gbit"], None, "command"),
+    "unknown-flag": (["run", "--colective", "all"], None, "--colective"),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_bad_input(name, tmp_path, monkeypatch, capsys):
+    argv, setup, needle = CASES[name]
+    for k in [k for k in os.environ if k.startswith(("RANK", "WORLD_SIZE", "LOCAL_RANK", "PMI_", "OMPI_", "SLURM_",
+                                                     "MASTER_", "PMIX_", "TORCHELASTIC", "COMMBENCH_"))]:
+        monkeypatch.delenv(k)
+    monkeypatch.chdir(tmp_path)
+    if setup:
+        setup(tmp_path)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    dirs_before = sorted(p.name for p in tmp_path.iterdir())
+    code = cli.main(argv)
+    out, err = capsys.readouterr()
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == 2, (code, err)
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("commbench") and needle in lines[0], lines[0]
+    assert out == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == dirs_before
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
+
+
+def test_the_table_is_big_enough():
+    assert len(CASES) >= 50
