@@ -2,7 +2,7 @@
 that validates itself, and its rank mesh in Megatron order (tp fastest, then dp,
 then pp): every rank's tp/dp/pp groups and whether each group spans nodes."""
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 from commbench.models import ModelSpec
 
@@ -136,16 +136,17 @@ class Parallelism:
         return len({self.node_of(r) for r in group})
 
     def axis_nodes(self, axis: str) -> int:
-        """Nodes spanned by one group of an axis (the most any group spans).
-        Kept per axis: the strategies ask once per CommOp they build."""
-        cache = self._axis_nodes
-        if axis not in cache:
-            cache[axis] = max(self.nodes_spanned(g) for g in self.groups[axis])
-        return cache[axis]
-
-    @cached_property
-    def _axis_nodes(self) -> dict:
-        return {}
+        """Nodes spanned by one group of an axis (the most any group spans)."""
+        return _axis_nodes(self.world, self.gpus_per_node, self.tp, self.pp, self.dp, axis)
 
     def group_of(self, axis: str, rank: int) -> tuple:
         return next(g for g in self.groups[axis] if rank in g)
+
+
+@lru_cache(maxsize=1024)
+def _axis_nodes(world: int, gpus_per_node: int, tp: int, pp: int, dp: int, axis: str) -> int:
+    """Parallelism.axis_nodes, which only the mesh's shape decides: kept per shape,
+    as the strategies ask once per CommOp and a plan search builds many plans of
+    one mesh."""
+    mesh = Parallelism(world=world, gpus_per_node=gpus_per_node, tp=tp, pp=pp, dp=dp, allow_tp_across_nodes=True)
+    return max(mesh.nodes_spanned(g) for g in mesh.groups[axis])

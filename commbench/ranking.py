@@ -6,8 +6,10 @@ step time the real predictor gives (predict.predict with the same Times as
 Within one search the Times are wrapped in CachedTimes: a collective's time is
 asked once per (collective, S, group size, nodes, dtype, bound) instead of once
 per CommOp and plan (DDP's equal buckets, the same TP all-reduce in every plan
-of one tp and micro-batch). The cache returns what the wrapped Times returned,
-so each plan's prediction is the one `commbench predict` gives for it."""
+of one tp and micro-batch), and the pipeline simulations are kept by their
+inputs (predict.simulate: plans that differ only in ZeRO-0 or ZeRO-1 run the
+same pipeline). Both return what was computed before for the same inputs, so
+each plan's prediction is the one `commbench predict` gives for it."""
 import dataclasses
 from dataclasses import dataclass, field
 
@@ -149,11 +151,11 @@ def run(model, world: int, gpus_per_node: int, global_batch: int, times, gpu_mem
     if not isinstance(top, int) or isinstance(top, bool) or top < 1:
         raise ValueError(f"--top must be a positive integer, got {top!r}")
     cached = CachedTimes(times)
-    predictions = {}
+    predictions, pipelines = {}, {}
 
     def estimate(model_, par):
         workload = plan_mod.build(model_, par)
-        sb = predict.predict(workload, par, cached.bind(workload.compute_ops), peak)
+        sb = predict.predict(workload, par, cached.bind(workload.compute_ops), peak, pipeline_cache=pipelines)
         predictions[par] = sb
         return sb.step_time_s
 

@@ -111,6 +111,7 @@ class PipelineResult:
     # per rank: {chunk: (start_s, end_s)} of the last backward executed for that
     # chunk (micro-batch m-1): that chunk's gradients are final at end_s, its DP
     # buckets become ready inside this interval.
+    record: str = "all"     # the ops timelines hold: all, or (last) those of micro-batch m-1
 
     @property
     def bubble_fraction(self) -> float:
@@ -242,15 +243,20 @@ def _checked_rank_ops(pp: int, m: int, schedule: str, v: int) -> tuple:
 
 
 def simulate_pipeline(pp: int, num_microbatches: int, fwd_s: TimeSpec, bwd_s: TimeSpec, p2p_s: P2PSpec = 0.0,
-                      schedule: str = "1f1b", interleave: int = 1) -> PipelineResult:
+                      schedule: str = "1f1b", interleave: int = 1, record: str = "all") -> PipelineResult:
     """Simulate one step of a pipeline schedule; see the module docstring for the model.
 
     fwd_s / bwd_s: time of one micro-batch's forward / backward through each chunk
     (a sequence of pp * interleave values, chunk c on rank c % pp) or one scalar for
     all. p2p_s: one transfer over a chunk boundary: a scalar, a sequence of
     pp * interleave - 1 values, or a callable boundary k -> seconds (boundary k
-    is between chunk k and k+1, used for the activation and for its gradient)."""
+    is between chunk k and k+1, used for the activation and for its gradient).
+    record: "all" keeps every op in the timelines; "last" only those of the last
+    micro-batch (what the DP collectives issued once per step are placed on),
+    which saves building the others; every other field is complete either way."""
     pp, m, v = _check_plan(pp, num_microbatches, schedule, interleave)
+    if record not in ("all", "last"):
+        raise ValueError(f"record {record!r}: choose all or last")
     n = pp * v
     f = _per_chunk("fwd_s", fwd_s, n)
     b = _per_chunk("bwd_s", bwd_s, n)
@@ -262,25 +268,36 @@ def simulate_pipeline(pp: int, num_microbatches: int, fwd_s: TimeSpec, bwd_s: Ti
     end_f = [[None] * m for _ in range(n)]
     end_b = [[None] * m for _ in range(n)]
     timelines = [[] for _ in range(pp)]
-    new_op = tuple.__new__
+    busy = [0] * pp                 # per rank: its ops' durations summed in execution order
+    last_bwd = [{} for _ in range(pp)]  # per rank: chunk -> (start, end) of its last backward
+    new_op = tuple.__new__          # Op(...) without NamedTuple's slower __new__
     nxt = [0] * pp
     free = [0.0] * pp
     remaining = sum(len(lst) for lst in ops)
+    # Sweep the ranks down and up in turn: activations flow to higher ranks and
+    # gradients to lower ones, so each sweep direction carries one of them along.
+    # (Any order gives the same times: an op's start depends only on its inputs.)
+    sweeps = (range(pp), range(pp - 1, -1, -1))
+    rnd = 0
+    keep_from = 0 if record == "all" else m - 1      # the first micro-batch whose ops the timelines keep
     while remaining:
         progressed = False
-        for r in range(pp):
-            lst, i, t_free, tl = ops[r], nxt[r], free[r], timelines[r]
+        for r in sweeps[rnd % 2]:
+            lst, i, t_free, tl, bsy, lb = ops[r], nxt[r], free[r], timelines[r], busy[r], last_bwd[r]
+            i0 = i
             while i < len(lst):
                 kind, j, c = lst[i]
                 # the op starts at the latest of: its rank free, each input's end + its lag
+                # (written out as comparisons: max() of the same values, without its call)
+                start = t_free
                 if kind == "F":
-                    if c == 0:
-                        start = t_free
-                    else:
+                    if c:
                         e = end_f[c - 1][j]
                         if e is None:
                             break
-                        start = max(t_free, e + d[c - 1])
+                        e += d[c - 1]
+                        if e > start:
+                            start = e
                     stop = start + f[c]
                     end_f[c][j] = stop
                 else:
@@ -288,39 +305,41 @@ def simulate_pipeline(pp: int, num_microbatches: int, fwd_s: TimeSpec, bwd_s: Ti
                     if e is None:
                         break
                     if c == n - 1:
-                        start = max(t_free, e + 0.0)
+                        if e > start:
+                            start = e
                     else:
                         e2 = end_b[c + 1][j]
                         if e2 is None:
                             break
-                        start = max(t_free, e + 0.0, e2 + d[c])
+                        if e > start:
+                            start = e
+                        e2 += d[c]
+                        if e2 > start:
+                            start = e2
                     stop = start + b[c]
                     end_b[c][j] = stop
+                    lb[c] = (start, stop)       # the later one wins: the last executed
                 t_free = stop
-                tl.append(new_op(Op, (start, stop, kind, j, c)))     # Op(...) without NamedTuple's slower __new__
+                bsy += stop - start
+                if j >= keep_from:
+                    tl.append(new_op(Op, (start, stop, kind, j, c)))
                 i += 1
-                remaining -= 1
+            if i > i0:
+                remaining -= i - i0
                 progressed = True
-            nxt[r], free[r] = i, t_free
+                nxt[r], free[r], busy[r] = i, t_free, bsy
+        rnd += 1
         if not progressed:
             stuck = {r: ops[r][nxt[r]] for r in range(pp) if nxt[r] < len(ops[r])}
             raise AssertionError(f"schedule {schedule} deadlocks; next ops per rank: {stuck}")
 
     makespan = max(free)
-    busy = [sum(o.end_s - o.start_s for o in tl) for tl in timelines]
     crit = max(range(pp), key=lambda r: (busy[r], -r))
-    last_bwd = []
-    for tl in timelines:
-        per_chunk = {}
-        for o in tl:
-            if o.kind == "B":
-                per_chunk[o.chunk] = (o.start_s, o.end_s)   # the later one wins: the last executed
-        last_bwd.append(per_chunk)
     return PipelineResult(
         pp=pp, num_microbatches=m, interleave=v, schedule=schedule, makespan_s=makespan, busy_s=busy,
         idle_s=[makespan - x for x in busy], timelines=timelines, critical_rank=crit,
         bubble_s=makespan - busy[crit], last_bwd_end_s=[max(e for _, e in lb.values()) for lb in last_bwd],
-        last_bwd_s=last_bwd)
+        last_bwd_s=last_bwd, record=record)
 
 
 # --- one communication stream overlapping compute ---------------------------------

@@ -3,6 +3,10 @@ predictions without measurements (DESIGN.md "Data model"). JSON files in
 commbench/systems/NAME.json; load("polaris") or load("path/to/file.json").
 
 Units follow the project (1 GB = 1e9 B; *_gbps is GB/s, as busbw_gbps):
+  gpu_memory_gb       memory of one GPU: the datasheet's marketed capacity (40, 80, 141)
+                      taken as that many 1e9 B (the project's GB). The HBM is sized in
+                      binary units, so the device has at least this much: a memory
+                      filter using it errs on the safe side. gpu_memory_bytes = x 1e9
   peak_tflops         dense TFLOPS per dtype (bf16, fp16, tf32, fp32), no sparsity
   gemm_efficiency     [[FLOPs of one call, achieved fraction of peak], ...]
   hbm_gbps            HBM bandwidth, GB/s; hbm_efficiency the achievable fraction
@@ -40,6 +44,7 @@ class SystemSpec:
     name: str
     gpu: str
     gpus_per_node: int
+    gpu_memory_gb: float
     peak_tflops: dict
     gemm_efficiency: tuple
     hbm_gbps: float
@@ -66,7 +71,7 @@ class SystemSpec:
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 bad(f, "must be a positive integer", v)
-        for f in ("hbm_gbps", "intra_bw_gbps", "nic_gbit_s"):
+        for f in ("gpu_memory_gb", "hbm_gbps", "intra_bw_gbps", "nic_gbit_s"):
             if not _positive_number(getattr(self, f)):
                 bad(f, "must be a positive number", getattr(self, f))
         for f in ("intra_latency_us", "inter_latency_us"):
@@ -103,6 +108,11 @@ class SystemSpec:
             bad("sources", "must be a mapping field -> citation text", self.sources)
 
     # ------------------------------------------------------------ derived figures
+    @property
+    def gpu_memory_bytes(self) -> float:
+        """Memory of one GPU in bytes (gpu_memory_gb x 1e9)."""
+        return self.gpu_memory_gb * 1e9
+
     @property
     def inter_bw_gbps(self) -> float:
         """Inter-node bandwidth per GPU, one direction, GB/s: the node's NICs shared

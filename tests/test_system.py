@@ -26,6 +26,14 @@ def test_the_four_specs_are_shipped():
     assert set(SHIPPED) <= set(system.available())
 
 
+@pytest.mark.parametrize("name, gb", [("polaris", 40), ("thetagpu", 40), ("dgx-h100", 80), ("h200", 141)])
+def test_gpu_memory_is_the_datasheet_capacity_in_1e9_bytes(name, gb):
+    spec = system.load(name)
+    assert spec.gpu_memory_gb == gb                     # A100 40GB, H100 SXM 80GB, H200 141GB
+    assert spec.gpu_memory_bytes == gb * 1e9            # the project's GB: 1e9 B
+    assert "marketed" in spec.sources["gpu_memory_gb"].lower()
+
+
 def test_polaris_all_reduce_1gib_on_64_gpus_by_hand():
     spec = system.load("polaris")
     # the figures used below, as the ALCF docs, the A100 datasheet and NCCL give them
@@ -91,6 +99,8 @@ def _write(tmp_path, change):
 
 @pytest.mark.parametrize("change, field", [
     (lambda d: d.pop("hbm_gbps"), "hbm_gbps"),
+    (lambda d: d.pop("gpu_memory_gb"), "gpu_memory_gb"),
+    (lambda d: d.update(gpu_memory_gb=0), "gpu_memory_gb"),
     (lambda d: d.update(intra_bw_gbps=-300), "intra_bw_gbps"),
     (lambda d: d.update(nics_per_node="2"), "nics_per_node"),
     (lambda d: d.update(inter_efficiency=1.5), "inter_efficiency"),

@@ -56,11 +56,23 @@ def message_numel(model: ModelSpec, par: Parallelism) -> int:
     return par.micro_batch * s * model.hidden
 
 
-@lru_cache(maxsize=4096)
 def _pair_nodes(par: Parallelism, a: int, b: int) -> int:
     """Nodes spanned by the pair (pp rank a, pp rank b): the most over all pp groups
     (each (dp, tp) index has its own pipeline; they may sit differently on nodes)."""
-    return max(par.nodes_spanned((g[a], g[b])) for g in par.groups["pp"])
+    return _mesh_pair_nodes(par.world, par.gpus_per_node, par.tp, par.pp, par.dp, a, b)
+
+
+@lru_cache(maxsize=4096)
+def _mesh_pair_nodes(world: int, gpus_per_node: int, tp: int, pp: int, dp: int, a: int, b: int) -> int:
+    """_pair_nodes of a rank mesh, which only its shape decides: kept per shape, as
+    a plan search asks for the same mesh with many other settings."""
+    mesh = _mesh(world, gpus_per_node, tp, pp, dp)
+    return max(mesh.nodes_spanned((g[a], g[b])) for g in mesh.groups["pp"])
+
+
+@lru_cache(maxsize=64)
+def _mesh(world: int, gpus_per_node: int, tp: int, pp: int, dp: int) -> Parallelism:
+    return Parallelism(world=world, gpus_per_node=gpus_per_node, tp=tp, pp=pp, dp=dp, allow_tp_across_nodes=True)
 
 
 def _p2p(par: Parallelism, stage: int, peer: int, phase: str, kind: str, nbytes: int,
