@@ -288,7 +288,7 @@ def cmd_run(a, argv) -> int:
                 import torch
                 nprocs = torch.cuda.device_count()
         plan = _run_plan(a, nprocs, nprocs)      # a bad plan fails here, once, before any rank starts
-        if plan is None and config.device == "cpu":
+        if plan is None and config.device == "cpu" and nprocs >= 1:
             from commbench import sweep
             sweep.check_memory(config, ["localhost"] * nprocs, nprocs)    # a sweep too big fails before it starts
         return _spawn_self(a, argv, nprocs, "run", use_mpiexec=config.backend in NEEDS_MPIEXEC)
