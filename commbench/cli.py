@@ -216,6 +216,13 @@ def _config(a):
                               time_budget_s=a.time_budget, target_ci=a.target_ci))
     # resolving the device imports torch (seconds): only once everything else is valid
     return dataclasses.replace(config, device=_device(a.device, a.backend))
+
+
+def _default_out(verb: str = "run") -> str:
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return os.path.join("results", f"{verb}-{stamp}-{os.getpid()}.jsonl")
+
+
 def _check_resume(a, config):
     """--resume FILE: FILE is the output; its settings must be this command's."""
     if a.out is not None and os.path.abspath(a.out) != os.path.abspath(a.resume):
@@ -228,20 +235,13 @@ def _check_resume(a, config):
     resume.load_for_resume(a.resume, config.settings())
 
 
-
-
-def _default_out(verb: str = "run") -> str:
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return os.path.join("results", f"{verb}-{stamp}-{os.getpid()}.jsonl")
-    if getattr(a, "resume", None):
-        return launch_mod.spawn_local(nprocs, list(argv), use_mpiexec=use_mpiexec)
-
-
 def _spawn_self(a, argv, nprocs: int, verb: str, use_mpiexec: bool = False) -> int:
     """Start nprocs local ranks of this same command, each with the same --out."""
     from commbench import launch as launch_mod
     if nprocs < 1:
         raise ValueError(f"--nprocs must be at least 1, got {nprocs}")
+    if getattr(a, "resume", None):
+        return launch_mod.spawn_local(nprocs, list(argv), use_mpiexec=use_mpiexec)
     out = a.out or _default_out(verb)
     if os.path.exists(out) and not a.force:
         raise ValueError(f"{out} exists: commbench never overwrites results (use --force or another --out)")
@@ -271,13 +271,13 @@ def _run_plan(a, world: int, gpus_per_node: int):
 
 def cmd_run(a, argv) -> int:
     from commbench import launch as launch_mod
-    if a.resume is not None:
-        _check_resume(a, config)
     from commbench.backends import NEEDS_MPIEXEC
     if a.backend == "kernels":     # memory and p2p copy kernels, not a collective backend
         from commbench import kernel_bench
         return kernel_bench.cli(a, list(argv))
     config = _config(a)
+    if a.resume is not None:
+        _check_resume(a, config)
     info = launch_mod.detect()
     if info.launcher == "none":
         # no launcher: commbench starts the ranks itself
@@ -587,11 +587,11 @@ def main(argv=None) -> int:
             return cmd_predict(a)
         if a.verb == "validate":
             return cmd_validate(a, list(argv))
-        if a.verb == "report":
-            return cmd_report(a)
         if a.verb == "emulate":
             from commbench import emulate
             return emulate.cli(a)
+        if a.verb == "report":
+            return cmd_report(a)
         if a.verb in ("compare", "check", "baseline", "import"):
             from commbench import cli_results
             return cli_results.dispatch(a)

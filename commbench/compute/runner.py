@@ -9,6 +9,7 @@ sdpa_bwd, layernorm_fwd, adam, ...), dtype, device, nbytes = bytes the kernel
 moves, axis "compute", concurrent_groups = ranks timing at once, params = the
 shape (m, n, k, batch, and the op's own shape facts) and its FLOPs."""
 import datetime
+import os
 import uuid
 
 import numpy as np
@@ -83,12 +84,43 @@ class FlushingTimer:
         return out
 
 
-def measure(backend, timer, case: Case, op, settings, hosts, torch, device) -> Measurement:
+def free_bytes(torch, device: str, ranks_on_host: int) -> int:
+    """Memory this rank may use: free device memory, or the host's available
+    memory shared by its ranks."""
+    if device == "cuda":
+        return int(torch.cuda.mem_get_info()[0])
+    try:
+        with open("/proc/meminfo") as f:
+            avail = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return avail // max(1, ranks_on_host)
+
+
+def needed_bytes(op, device: str) -> int:
+    """A generous bound on what timing op allocates: its inputs and outputs (the
+    bytes it moves) twice over (a backward keeps the forward's tensors and adds
+    gradients); for Adam, per element timed, the fp32 master, gradient, m and v
+    and a 16-bit copy (18 B)."""
+    if op.impl == "adam":
+        from commbench.compute import optimizer
+        return 18 * optimizer.timed_numel(op, device)
+    return 2 * int(op.nbytes)
+
+
+def measure(backend, timer, case: Case, op, settings, hosts, torch, device, ranks_on_host=1) -> Measurement:
     from commbench.compute import kernels
     from commbench.sweep import one_hot
-    try:
-        call = kernels()[op.impl](op, backend.torch_device if device == "cuda" else device, getattr(torch, case.dtype))
+    need, free = needed_bytes(op, device), free_bytes(torch, device, ranks_on_host)
+    if need > 0.8 * free:        # said before allocating: a host out of memory kills, it does not raise
+        error = f"needs about {need / 1e9:.1f} GB, {free / 1e9:.1f} GB free for this rank"
+        call = None
+    else:
         error = None
+    try:
+        if error is None:
+            call = kernels()[op.impl](op, backend.torch_device if device == "cuda" else device,
+                                      getattr(torch, case.dtype))
     except (RuntimeError, MemoryError) as e:     # e.g. out of memory at this shape
         call, error = (lambda: None), f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     errors = [e for e in backend.control_allgather(error) if e]
@@ -129,6 +161,8 @@ def run(workload_ops, launch, device, settings, out_path, overwrite, argv, flush
                                  threads_per_rank=torch.get_num_threads(), warmup=settings.warmup,
                                  iters=settings.iters, max_iters=settings.max_iters,
                                  time_budget_s=settings.time_budget_s, target_ci=settings.target_ci))
+        from commbench import rankcheck
+        rankcheck.check_same(backend, {k: v for k, v in header["settings"].items() if k != "threads_per_rank"})
         writer, err = None, None
         if backend.rank == 0:
             try:
@@ -145,8 +179,9 @@ def run(workload_ops, launch, device, settings, out_path, overwrite, argv, flush
         result = ResultFile(header=header, measurements=[], path=out_path)
         if reporter and backend.rank == 0:
             reporter.start(len(todo))
+        on_host = hosts.count(hosts[backend.rank])
         for case, op in todo:
-            m = measure(backend, timer, case, op, settings, hosts, torch, device)
+            m = measure(backend, timer, case, op, settings, hosts, torch, device, on_host)
             if backend.rank == 0:
                 writer.append(m)
                 result.measurements.append(m)
@@ -161,8 +196,6 @@ def run(workload_ops, launch, device, settings, out_path, overwrite, argv, flush
 
 
 def shape_key(case: Case) -> tuple:
-        from commbench import rankcheck
-        rankcheck.check_same(backend, {k: v for k, v in header["settings"].items() if k != "threads_per_rank"})
     """What makes two compute measurements interchangeable: kernel, dtype, device,
     shape (not the backend label or how many ranks ran at once)."""
     import json
