@@ -4,7 +4,12 @@ job's own measured collectives and kernels. Prints one row per run and the
 median and worst absolute error of the step time.
 
     .venv/bin/python benchmarks/validate_accuracy.py [--models tiny-gpt,small-gpt] [--steps 5]
-        [--only ddp,tp] [--keep DIR]
+        [--only ddp,tp] [--keep DIR] [--emulate 200mbit]
+
+--emulate RATE runs every validation on an emulated two-node cluster (`commbench
+emulate --nodes 2`, root): the ranks split evenly over the two nodes, whose link
+is shaped to RATE, so data-parallel traffic (and, on 2 ranks, tensor-parallel and
+pipeline traffic too) crosses the slow network.
 
 Runs one validation at a time (they would time each other otherwise); about a
 minute each on a 2-core machine."""
@@ -31,9 +36,15 @@ PLANS = [
 ]
 
 
-def run(model, ranks, flags, steps, out_dir):
-    cmd = [sys.executable, "-m", "commbench", "validate", "--model", model, "--nprocs", str(ranks), "--device", "cpu",
-           "--steps", str(steps), "--warmup-steps", "2", "--out-dir", str(out_dir), "--force", "--json", *flags]
+def run(model, ranks, flags, steps, out_dir, emulate=None):
+    validate = ["validate", "--model", model, "--device", "cpu", "--steps", str(steps), "--warmup-steps", "2",
+                "--out-dir", str(out_dir), "--force", "--json", *flags]
+    if emulate:
+        cmd = [sys.executable, "-m", "commbench", "emulate", "--nodes", "2", "--ranks-per-node", str(ranks // 2),
+               "--inter-bw", emulate, "--", sys.executable, "-m", "commbench", *validate,
+               "--allow-tp-across-nodes"]
+    else:
+        cmd = [sys.executable, "-m", "commbench", *validate, "--nprocs", str(ranks)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     if p.returncode != 0:
         return None, p.stderr.strip().splitlines()[-1] if p.stderr.strip() else f"exit {p.returncode}"
@@ -46,17 +57,21 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--only", default=None, help="comma-separated plan names")
     ap.add_argument("--keep", default=None, help="keep every run's files under this directory")
+    ap.add_argument("--emulate", default=None, metavar="RATE",
+                    help="run on an emulated 2-node cluster whose link is shaped to RATE (e.g. 200mbit; root)")
     a = ap.parse_args()
     only = set(a.only.split(",")) if a.only else None
     root = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="commbench-accuracy-"))
     rows, errors = [], []
+    if a.emulate:
+        print(f"emulated cluster: 2 nodes, inter-node link {a.emulate}")
     print(f"{'model':<10} {'plan':<7} {'ranks':>5} {'measured ms':>12} {'predicted ms':>13} {'band ms':>17} "
           f"{'error':>8}  biggest predicted part")
     for model in a.models.split(","):
         for name, ranks, flags in PLANS:
             if only and name not in only:
                 continue
-            doc, err = run(model, ranks, flags, a.steps, root / f"{model}-{name}-{ranks}")
+            doc, err = run(model, ranks, flags, a.steps, root / f"{model}-{name}-{ranks}", a.emulate)
             if doc is None:
                 print(f"{model:<10} {name:<7} {ranks:>5}  failed: {err}")
                 continue

@@ -285,7 +285,7 @@ def cli(a, argv) -> int:
     if settings.iters < 1 or settings.warmup < 0 or settings.max_iters < settings.iters:
         raise ValueError(f"need -n >= 1, -w >= 0 and --max-iters >= -n; got -n {a.iters}, -w {a.warmup}, "
                          f"--max-iters {a.max_iters}")
-    if not 0 <= settings.target_ci < 1 or settings.time_budget_s < 0 or a.check < 0 or a.timeout <= 0:
+    if not 0 <= settings.target_ci < 1 or settings.time_budget_s < 0 or a.check < 0 or (a.timeout is not None and a.timeout <= 0):
         raise ValueError("need 0 <= --target-ci < 1, --time-budget >= 0, -c >= 0 and --timeout > 0")
     info = launch_mod.detect()
     if info.launcher == "none" and a.nprocs not in (None, 1):
@@ -299,7 +299,7 @@ def cli(a, argv) -> int:
                                + (f"{m.algbw_gbps:.1f} GB/s" if m.status == "ok" else m.skip_reason),
                                file=sys.stderr)
     result, wrong = run(info, sizes, settings, a.check, a.out or _default_out(), a.force,
-                        ["commbench", *argv], a.timeout, live)
+                        ["commbench", *argv], 300.0 if a.timeout is None else a.timeout, live)
     if result is None:
         return 0
     if a.json:
