@@ -344,9 +344,11 @@ def cmd_compute(a, argv) -> int:
     progress = report.ComputeProgress(a.quiet or a.json) if info.rank == 0 else None
     if progress:
         progress.start(0)
-    rf = runner.run(ops, info, device, settings, a.out or _default_out("compute"), a.force,
-                    ["commbench", *argv], flush_l2=a.flush_l2, timeout_s=a.timeout, reporter=progress,
-                    extra_settings={"plan": {"model": model.to_dict(), "parallelism": dataclasses.asdict(par)}})
+    from commbench import watchdog
+    out = a.out or _default_out("compute")
+    rf = watchdog.interruptible(info.rank, out, lambda: runner.run(
+        ops, info, device, settings, out, a.force, ["commbench", *argv], flush_l2=a.flush_l2, timeout_s=a.timeout,
+        reporter=progress, extra_settings={"plan": {"model": model.to_dict(), "parallelism": dataclasses.asdict(par)}}))
     if rf is None:
         return EXIT_OK
     progress.finish()
@@ -445,8 +447,10 @@ def cmd_validate(a, argv) -> int:
     if info.rank == 0:
         os.makedirs(out_dir, exist_ok=True)
     launch_mod.set_cpu_threads(info, device)
-    doc = validate.run_on_rank(model, par, info, device, a.steps, a.warmup_steps, out_dir, ["commbench", *argv],
-                               overwrite=a.force, timeout_s=a.timeout, tp_impl=validate.tp_impl_for(model, par, a.tp_impl))
+    from commbench import watchdog
+    doc = watchdog.interruptible(info.rank, out_dir, lambda: validate.run_on_rank(
+        model, par, info, device, a.steps, a.warmup_steps, out_dir, ["commbench", *argv], overwrite=a.force,
+        timeout_s=a.timeout, tp_impl=validate.tp_impl_for(model, par, a.tp_impl)))
     if doc is None:
         return EXIT_OK
     path = validate.write(doc, out_dir, overwrite=a.force)

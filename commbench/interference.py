@@ -336,7 +336,9 @@ def cli(a, argv) -> int:
         return launch_mod.spawn_local(nprocs, child, use_mpiexec=False)
     if a.nprocs is not None and a.nprocs != info.world_size:
         raise ValueError(f"--nprocs {a.nprocs} but the launcher started {info.world_size} ranks")
-    result = run(config, info, ["commbench", *argv], a.out or default_out(), a.force)
+    from commbench import watchdog
+    out = a.out or default_out()
+    result = watchdog.interruptible(info.rank, out, lambda: run(config, info, ["commbench", *argv], out, a.force))
     if result is None:
         return 0
     wrong = sum(m.num_wrong for m in result.measurements)

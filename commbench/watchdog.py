@@ -260,6 +260,18 @@ class InterruptHandlers:
         return False
 
 
+def interruptible(rank: int, where: str, work):
+    """work() with SIGINT/SIGTERM ending it as a sweep ends: one line from rank 0
+    naming where the finished results are, exit status 128 + the signal."""
+    try:
+        with InterruptHandlers():
+            return work()
+    except Interrupted as e:
+        if rank == 0:
+            e.message = f"commbench: interrupted by {signal.Signals(e.signum).name}: finished results are in {where}"
+        raise
+
+
 class RendezvousGuard:
     """A deadline for backend creation (the rendezvous), before any run id or
     progress file exists: past limit_s + 5 s, EXIT_TIMEOUT and one line from

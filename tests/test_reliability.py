@@ -144,6 +144,19 @@ def test_sigterm_then_resume_completes_without_duplicates(tmp_path):
     assert after.header["run_id"] == before.header["run_id"]
 
 
+def test_sigterm_during_compute_keeps_the_finished_kernels(tmp_path):
+    out = tmp_path / "compute.jsonl"
+    proc = start(["compute", "--model", "small-gpt", "--nprocs", "2", "--device", "cpu", "-n", "3", "-w", "1",
+                  "--target-ci", "0", "-q", "--out", out], tmp_path)
+    wait_lines(proc, out, 1 + 2)
+    os.kill(proc.pid, signal.SIGTERM)
+    code, _, err, _ = finish(proc)
+    assert code == 143, err
+    assert len(err) == 1 and "interrupted by SIGTERM" in err[0] and str(out) in err[0], err
+    rf = assert_partial_file(out, 2)
+    assert all(m.case.kind == "compute" and m.status == "ok" for m in rf.measurements)
+
+
 def test_kill_9_during_writes_leaves_a_loadable_file(tmp_path):
     path = tmp_path / "w.jsonl"
     writer = (
