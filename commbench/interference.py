@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from commbench import env, stats, timing
+from commbench import env, results, stats, timing
 from commbench.timing import TimingSettings
-from commbench.results import Case, Measurement, ResultFile, ResultWriter
+from commbench.results import Case, Measurement, ResultFile
 
 SPIN_TIME_S = 1e-3          # GPU: one sm_spin launch lasts about this long alone
 SM_FRACTIONS = (1 / 8, 1 / 4, 1 / 2, 1)
@@ -163,17 +163,7 @@ def run(config: InterferenceConfig, info, argv, out_path, overwrite=False, on_me
                     "warmup": t.warmup, "iters": t.iters, "max_iters": t.max_iters,
                     "time_budget_s": t.time_budget_s, "target_ci": t.target_ci, "timeout_s": config.timeout_s}
         header = env.header(info, ranks, argv, run_id, created, settings)
-        writer, err = None, None
-        if backend.rank == 0:
-            try:
-                writer = ResultWriter(out_path, header, overwrite)
-            except FileExistsError:
-                err = f"{out_path} exists: commbench never overwrites results (use --force or another --out)"
-            except OSError as e:
-                err = f"cannot write {out_path}: {e.strerror}"
-        err = backend.control_bcast(err)
-        if err:
-            raise ValueError(err)
+        writer = results.open_on_rank0(backend.rank, backend.control_bcast, out_path, header, overwrite)
         result = ResultFile(header=header, measurements=[], path=out_path)
 
         def emit(m):
@@ -259,7 +249,6 @@ def slowdowns(result_file) -> dict:
     the op takes with its partner running (1.0 = no interference). A factor is
     left out where its alone or concurrent measurement is missing."""
     if isinstance(result_file, str):
-        from commbench import results
         result_file = results.load(result_file)
     ms = [m for m in result_file.measurements if m.case.kind == "interference" and m.status == "ok"]
 

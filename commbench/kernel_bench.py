@@ -14,8 +14,8 @@ import uuid
 
 import numpy as np
 
-from commbench import env, kernels, stats, timing
-from commbench.results import Case, Measurement, ResultFile, ResultWriter
+from commbench import env, kernels, results, stats, timing
+from commbench.results import Case, Measurement, ResultFile
 
 TRIAD_SCALAR = 3.0
 # bytes moved per launch per float4 element (16 B), as the .cu headers define them
@@ -194,17 +194,8 @@ def run(info, sizes, settings, check, out_path, overwrite, argv, timeout_s, on_m
                         "time_budget_s": settings.time_budget_s, "target_ci": settings.target_ci,
                         "triad_scalar": TRIAD_SCALAR, "kernels_dir": str(kernels.kernels_dir())}
         header = env.header(info, ranks, argv, run_id, created, settings_doc)
-        writer, err = None, None
-        if info.rank == 0:
-            try:
-                writer = ResultWriter(out_path, header, overwrite)
-            except FileExistsError:
-                err = f"{out_path} exists: commbench never overwrites results (use --force or another --out)"
-            except OSError as e:
-                err = f"cannot write {out_path}: {e.strerror}"
-        err = ctl.control_bcast(err) if ctl else err
-        if err:
-            raise ValueError(err)
+        writer = results.open_on_rank0(info.rank, ctl.control_bcast if ctl else (lambda x: x), out_path, header,
+                                       overwrite)
         host = mine["host"]
         gpus = [info.local_rank % count] if ctl else list(range(count))
         ks = {d: kernels.Kernels(d) for d in range(count)}

@@ -140,6 +140,25 @@ class ResultWriter:
         self._f.close()
 
 
+def open_on_rank0(rank: int, bcast, path: str, header: dict, overwrite: bool = False):
+    """The job's ResultWriter: opened by rank 0 (None on the others); when rank 0
+    cannot open it, every rank raises the same refusal (printed once, by rank 0).
+    bcast: the job's control broadcast from rank 0."""
+    from commbench.rankcheck import RankMismatch
+    writer, err = None, None
+    if rank == 0:
+        try:
+            writer = ResultWriter(path, header, overwrite)
+        except FileExistsError:
+            err = f"{path} exists: commbench never overwrites results (use --force or another --out)"
+        except OSError as e:
+            err = f"cannot write {path}: {e.strerror}"
+    err = bcast(err)
+    if err:
+        raise RankMismatch(err, quiet=rank != 0)
+    return writer
+
+
 def load(path: str) -> ResultFile:
     """Read a results file. A truncated last line (a crash mid-write) is skipped
     with a warning; anything else malformed is a ValueError naming the line."""

@@ -186,7 +186,7 @@ def run(config, launch, argv, out_path, overwrite=False, reporter=None, plan=Non
         with watchdog.RendezvousGuard(what, config.rendezvous_timeout_s, launch.rank):
             backend = backends.create(config.backend, launch, config.device, config.rendezvous_timeout_s,
                                       **({"dist_backend": config.dist_backend} if config.backend == "torch" else {}))
-    progress = wd = None
+    progress = None
     try:
         ranks = backend.control_allgather(env.rank_info(launch, config.device))
         hosts = [r["host"] for r in ranks]

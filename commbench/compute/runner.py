@@ -14,8 +14,8 @@ import uuid
 
 import numpy as np
 
-from commbench import env, stats, timing
-from commbench.results import Case, Measurement, ResultFile, ResultWriter
+from commbench import env, results, stats, timing
+from commbench.results import Case, Measurement, ResultFile
 
 TORCH_DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
                 "fp32": "float32", "float32": "float32"}
@@ -163,17 +163,7 @@ def run(workload_ops, launch, device, settings, out_path, overwrite, argv, flush
                                  time_budget_s=settings.time_budget_s, target_ci=settings.target_ci))
         from commbench import rankcheck
         rankcheck.check_same(backend, {k: v for k, v in header["settings"].items() if k != "threads_per_rank"})
-        writer, err = None, None
-        if backend.rank == 0:
-            try:
-                writer = ResultWriter(out_path, header, overwrite)
-            except FileExistsError:
-                err = f"{out_path} exists: commbench never overwrites results (use --force or another --out)"
-            except OSError as e:
-                err = f"cannot write {out_path}: {e.strerror}"
-        err = backend.control_bcast(err)
-        if err:
-            raise ValueError(err)
+        writer = results.open_on_rank0(backend.rank, backend.control_bcast, out_path, header, overwrite)
         timer = FlushingTimer(backend, torch, device) if flush_l2 else backend
         todo = distinct_cases(workload_ops, device, "torch", backend.world_size)
         result = ResultFile(header=header, measurements=[], path=out_path)
