@@ -22,15 +22,17 @@ def _rope(x: torch.Tensor) -> torch.Tensor:
 
 
 class Attention(nn.Module):
-    def __init__(self, m: ModelSpec):
+    """Causal self-attention with heads (and kv_heads <= heads, GQA) of head_dim:
+    a whole layer's or, at a tensor-parallel shard, one rank's heads."""
+
+    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, bias: bool, rope: bool):
         super().__init__()
-        bias = m.has_bias
-        self.head_dim, self.rope = m.head_dim, m.arch == "llama"
-        self.group = m.heads // m.kv_heads
-        self.q = nn.Linear(m.hidden, m.hidden, bias=bias)
-        self.k = nn.Linear(m.hidden, m.kv_dim, bias=bias)
-        self.v = nn.Linear(m.hidden, m.kv_dim, bias=bias)
-        self.o = nn.Linear(m.hidden, m.hidden, bias=bias)
+        self.head_dim, self.rope = head_dim, rope
+        self.group = heads // kv_heads
+        self.q = nn.Linear(hidden, heads * head_dim, bias=bias)
+        self.k = nn.Linear(hidden, kv_heads * head_dim, bias=bias)
+        self.v = nn.Linear(hidden, kv_heads * head_dim, bias=bias)
+        self.o = nn.Linear(heads * head_dim, hidden, bias=bias)
 
     def forward(self, x):
         b, s, _ = x.shape
@@ -47,13 +49,15 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, m: ModelSpec):
+    """GELU MLP (GPT) or SwiGLU (gated, Llama) of width ffn."""
+
+    def __init__(self, hidden: int, ffn: int, gated: bool, bias: bool):
         super().__init__()
-        self.gated = m.gated_mlp
-        if self.gated:
-            self.gate = nn.Linear(m.hidden, m.ffn_hidden, bias=False)
-        self.up = nn.Linear(m.hidden, m.ffn_hidden, bias=m.has_bias)
-        self.down = nn.Linear(m.ffn_hidden, m.hidden, bias=m.has_bias)
+        self.gated = gated
+        if gated:
+            self.gate = nn.Linear(hidden, ffn, bias=False)
+        self.up = nn.Linear(hidden, ffn, bias=bias)
+        self.down = nn.Linear(ffn, hidden, bias=bias)
 
     def forward(self, x):
         if self.gated:
@@ -61,14 +65,24 @@ class MLP(nn.Module):
         return self.down(F.gelu(self.up(x)))
 
 
-def _norm(m: ModelSpec):
-    return nn.LayerNorm(m.hidden) if m.arch == "gpt" else nn.RMSNorm(m.hidden)
+def norm(arch: str, hidden: int):
+    return nn.LayerNorm(hidden) if arch == "gpt" else nn.RMSNorm(hidden)
 
 
 class Block(nn.Module):
-    def __init__(self, m: ModelSpec):
+    """A transformer layer; heads, kv_heads and ffn are the layer's, or one
+    tensor-parallel rank's share of them (compute/modules.py)."""
+
+    def __init__(self, arch: str, hidden: int, heads: int, kv_heads: int, head_dim: int, ffn: int):
         super().__init__()
-        self.norm1, self.attn, self.norm2, self.mlp = _norm(m), Attention(m), _norm(m), MLP(m)
+        gpt = arch == "gpt"
+        self.norm1, self.norm2 = norm(arch, hidden), norm(arch, hidden)
+        self.attn = Attention(hidden, heads, kv_heads, head_dim, bias=gpt, rope=not gpt)
+        self.mlp = MLP(hidden, ffn, gated=not gpt, bias=gpt)
+
+    @classmethod
+    def of(cls, m: ModelSpec) -> "Block":
+        return cls(m.arch, m.hidden, m.heads, m.kv_heads, m.head_dim, m.ffn_hidden)
 
     def forward(self, x):
         x = x + self.attn(self.norm1(x))
@@ -84,8 +98,8 @@ class Transformer(nn.Module):
         self.spec = m
         self.embed = nn.Embedding(m.vocab, m.hidden)
         self.pos = nn.Embedding(m.seq, m.hidden) if m.arch == "gpt" else None
-        self.layers = nn.ModuleDict({str(i): Block(m) for i in range(m.num_layers)})
-        self.norm = _norm(m)
+        self.layers = nn.ModuleDict({str(i): Block.of(m) for i in range(m.num_layers)})
+        self.norm = norm(m.arch, m.hidden)
         self.head = nn.Linear(m.hidden, m.vocab, bias=False)
         if m.tied_embeddings:
             self.head.weight = self.embed.weight

@@ -147,3 +147,21 @@ def test_optimizer_shard_and_stages():
     layer = GPT.layer_params()
     assert adam[0][1] == 4 * layer + GPT.vocab * GPT.hidden + GPT.seq * GPT.hidden
     assert adam[1][1] == 4 * layer + 2 * GPT.hidden + GPT.vocab * GPT.hidden
+
+
+@pytest.mark.parametrize("spec", [GPT, LLAMA], ids=["gpt", "llama"])
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_timed_layer_module_is_the_models_layer_at_the_rank_shard(spec, tp):
+    """The layer timed as a module holds the layer's parameters at tp = 1 and one
+    rank's share of every projection at tp > 1 (norms replicated)."""
+    from commbench.compute.modules import local_layer
+    par = Parallelism(world=tp, gpus_per_node=tp, tp=tp, micro_batch=1, global_batch=2)
+    op = next(o for o in compute_ops(spec, par) if o.impl == "layer_fwd")
+    layer = local_layer(dict(op.params))
+    h, f, kv = spec.hidden, spec.ffn_hidden, spec.kv_dim
+    norms = (4 if spec.arch == "gpt" else 2) * h
+    weights = (2 * h * h + 2 * h * kv + (3 if spec.arch == "llama" else 2) * h * f) // tp
+    biases = (h + 2 * kv + f) // tp + 2 * h if spec.arch == "gpt" else 0    # column shards split, row ones do not
+    assert sum(p.numel() for p in layer.parameters()) == norms + weights + biases
+    if tp == 1:
+        assert sum(p.numel() for p in layer.parameters()) == spec.layer_params()

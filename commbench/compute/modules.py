@@ -9,72 +9,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from commbench.torch_model import _rope
+from commbench import torch_model
 
 
 def _params(op) -> dict:
     return dict(op.params)
 
 
-class LocalAttention(nn.Module):
-    def __init__(self, p):
-        super().__init__()
-        h, d, bias = p["hidden"], p["head_dim"], p["arch"] == "gpt"
-        self.d, self.rope = d, p["arch"] == "llama"
-        self.group = p["heads"] // p["kv_heads"]
-        self.q = nn.Linear(h, p["heads"] * d, bias=bias)
-        self.k = nn.Linear(h, p["kv_heads"] * d, bias=bias)
-        self.v = nn.Linear(h, p["kv_heads"] * d, bias=bias)
-        self.o = nn.Linear(p["heads"] * d, h, bias=bias)
-
-    def forward(self, x):
-        b, s, _ = x.shape
-        q = self.q(x).view(b, s, -1, self.d)
-        k = self.k(x).view(b, s, -1, self.d)
-        v = self.v(x).view(b, s, -1, self.d)
-        if self.rope:
-            q, k = _rope(q), _rope(k)
-        if self.group > 1:
-            k = k.repeat_interleave(self.group, dim=2)
-            v = v.repeat_interleave(self.group, dim=2)
-        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
-        return self.o(y.transpose(1, 2).reshape(b, s, -1))
-
-
-class LocalMLP(nn.Module):
-    def __init__(self, p):
-        super().__init__()
-        h, f, bias = p["hidden"], p["ffn"], p["arch"] == "gpt"
-        self.gated = p["arch"] == "llama"
-        if self.gated:
-            self.gate = nn.Linear(h, f, bias=False)
-        self.up = nn.Linear(h, f, bias=bias)
-        self.down = nn.Linear(f, h, bias=bias)
-
-    def forward(self, x):
-        if self.gated:
-            return self.down(F.silu(self.gate(x)) * self.up(x))
-        return self.down(F.gelu(self.up(x)))
-
-
-def _norm(p):
-    return nn.LayerNorm(p["hidden"]) if p["arch"] == "gpt" else nn.RMSNorm(p["hidden"])
-
-
-class LocalLayer(nn.Module):
-    def __init__(self, p):
-        super().__init__()
-        self.norm1, self.attn, self.norm2, self.mlp = _norm(p), LocalAttention(p), _norm(p), LocalMLP(p)
-
-    def forward(self, x):
-        x = x + self.attn(self.norm1(x))
-        return x + self.mlp(self.norm2(x))
+def local_layer(p) -> nn.Module:
+    return torch_model.Block(p["arch"], p["hidden"], p["heads"], p["kv_heads"], p["head_dim"], p["ffn"])
 
 
 class LocalHead(nn.Module):
     def __init__(self, p):
         super().__init__()
-        self.norm = _norm(p)
+        self.norm = torch_model.norm(p["arch"], p["hidden"])
         self.logits = nn.Linear(p["hidden"], p["vocab"], bias=False)
 
     def forward(self, x, target):
@@ -93,7 +42,7 @@ class LocalStage(nn.Module):
         if self.first:
             self.embed = nn.Embedding(p["vocab"], p["hidden"])
             self.pos = nn.Embedding(p["seq"], p["hidden"]) if p["arch"] == "gpt" else None
-        self.layers = nn.ModuleList(LocalLayer(p) for _ in range(p["layers"]))
+        self.layers = nn.ModuleList(local_layer(p) for _ in range(p["layers"]))
         if self.last:
             self.head = LocalHead(p)
 
@@ -118,7 +67,7 @@ def _build(op, device, dtype):
     if "vocab" in p:
         target = torch.randint(0, p["vocab"], (p["micro_batch"], p["seq"]), generator=g).to(device)
     if op.impl.startswith("layer"):
-        return LocalLayer(p).to(device=device, dtype=dtype), (x,)
+        return local_layer(p).to(device=device, dtype=dtype), (x,)
     if op.impl.startswith("head"):
         return LocalHead(p).to(device=device, dtype=dtype), (x, target)
     module = LocalStage(p).to(device=device, dtype=dtype)
