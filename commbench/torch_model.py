@@ -75,9 +75,10 @@ class Block(nn.Module):
 
     def __init__(self, arch: str, hidden: int, heads: int, kv_heads: int, head_dim: int, ffn: int):
         super().__init__()
-        gpt = arch == "gpt"
-        self.norm1, self.norm2 = norm(arch, hidden), norm(arch, hidden)
+        gpt = arch == "gpt"         # registration order = parameter order (DDP buckets, strategies' lists)
+        self.norm1 = norm(arch, hidden)
         self.attn = Attention(hidden, heads, kv_heads, head_dim, bias=gpt, rope=not gpt)
+        self.norm2 = norm(arch, hidden)
         self.mlp = MLP(hidden, ffn, gated=not gpt, bias=gpt)
 
     @classmethod
