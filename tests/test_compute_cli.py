@@ -85,10 +85,10 @@ def test_compute_refuses_an_op_larger_than_memory_before_allocating():
     import torch
     from commbench.compute import runner
     from commbench.compute.ops import _gemm
-    free = runner.free_bytes(torch, "cpu", 1)
+    free = runner.free_bytes("cpu", 1)
     with open("/proc/meminfo") as f:
         avail = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
-    assert 0 < free <= avail * 1.05 and runner.free_bytes(torch, "cpu", 4) == pytest.approx(free / 4, rel=0.05)
+    assert 0 < free <= avail * 1.05 and runner.free_bytes("cpu", 4) == pytest.approx(free / 4, rel=0.05)
     side = int((free / 2) ** 0.5) + 1              # three side x side bf16 matrices: 3x the free memory
     op = _gemm("huge fwd", side, side, side, 1, "fwd", "bf16", 2, "gemm_nt")
     assert runner.needed_bytes(op, "cpu") == 2 * 2 * 3 * side * side

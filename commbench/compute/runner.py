@@ -9,7 +9,6 @@ sdpa_bwd, layernorm_fwd, adam, ...), dtype, device, nbytes = bytes the kernel
 moves, axis "compute", concurrent_groups = ranks timing at once, params = the
 shape (m, n, k, batch, and the op's own shape facts) and its FLOPs."""
 import datetime
-import os
 import uuid
 
 import numpy as np
@@ -84,17 +83,14 @@ class FlushingTimer:
         return out
 
 
-def free_bytes(torch, device: str, ranks_on_host: int) -> int:
-    """Memory this rank may use: free device memory, or the host's available
-    memory shared by its ranks."""
+def free_bytes(device: str, ranks_on_host: int) -> int | None:
+    """Memory this rank may use (memcheck's reading): its GPU's free memory, or
+    the host's available memory shared by its ranks; None where unknown."""
+    from commbench import memcheck
     if device == "cuda":
-        return int(torch.cuda.mem_get_info()[0])
-    try:
-        with open("/proc/meminfo") as f:
-            avail = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
-    except (OSError, StopIteration, ValueError):
-        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    return avail // max(1, ranks_on_host)
+        return memcheck.device_available()
+    host = memcheck.host_available()
+    return None if host is None else host // max(1, ranks_on_host)
 
 
 def needed_bytes(op, device: str) -> int:
@@ -111,8 +107,8 @@ def needed_bytes(op, device: str) -> int:
 def measure(backend, timer, case: Case, op, settings, hosts, torch, device, ranks_on_host=1) -> Measurement:
     from commbench.compute import kernels
     from commbench.sweep import one_hot
-    need, free = needed_bytes(op, device), free_bytes(torch, device, ranks_on_host)
-    if need > 0.8 * free:        # said before allocating: a host out of memory kills, it does not raise
+    need, free = needed_bytes(op, device), free_bytes(device, ranks_on_host)
+    if free is not None and need > 0.8 * free:   # said before allocating: a host out of memory kills, it does not raise
         error = f"needs about {need / 1e9:.1f} GB, {free / 1e9:.1f} GB free for this rank"
         call = None
     else:
