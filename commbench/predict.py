@@ -31,8 +31,8 @@ Composition, for each pipeline stage (every rank of a stage does the same):
      under compute takes comm_slowdown times longer and slows the compute it
      overlaps by (compute_slowdown - 1) x the overlap.
 4. After the pipeline and the DP tail: once-per-step collectives (ZeRO-1
-   parameter broadcasts / all-gathers, issued together and taken as one transfer
-   of their total bytes; the tied-embedding all-reduce; the sequence-parallel
+   parameter broadcasts / all-gathers, one after another as a stream or gloo's
+   queue runs them; the tied-embedding all-reduce; the sequence-parallel
    norm-gradient all-reduce) and the optimizer step, in series.
 The step time is the slowest stage's end.
 
@@ -202,17 +202,15 @@ def stage_times(workload_ops, comm_ops, par, times: Times, bound: str) -> list:
                 st.tp_bwd_s += t * c.count / m
         elif c.axis == "pp" and c.phase == "step":
             st.pp_step_s += times.comm_op(c, bound) * c.count
-    # once-per-step DP collectives (ZeRO-1's parameter broadcasts or all-gather)
-    # are issued asynchronously together and waited for at the end (torch's
-    # ZeroRedundancyOptimizer): taken as one transfer of their total bytes per
-    # collective and group shape, each latency paid once
-    batches = {}
+    # once-per-step DP collectives (ZeRO-1's parameter broadcasts or all-gather):
+    # torch's ZeroRedundancyOptimizer issues one broadcast per parameter, async,
+    # and waits for all; they are not coalesced, so each runs (and pays its
+    # latency) in turn, as NCCL runs the kernels of one stream and gloo its work
+    # queue (benchmarks/zero1_broadcasts.py: tiny-gpt's 68 take 16-20 ms async
+    # on 2 gloo ranks, one broadcast of their total bytes 0.3 ms)
     for c in comm_ops:
         if c.axis == "dp" and c.phase == "step":
-            key = (c.stage, c.collective, c.group_size, c.num_nodes, c.dtype)
-            batches[key] = batches.get(key, 0) + c.nbytes * c.count
-    for (stage, collective, group_size, num_nodes, dtype), nbytes in batches.items():
-        out[stage].dp_step_s += times.comm(collective, nbytes, group_size, num_nodes, dtype, bound)
+            out[c.stage].dp_step_s += times.comm_op(c, bound) * c.count
     return out
 
 
