@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import datetime
 import json
+import math
 import os
 import sys
 
@@ -123,7 +124,9 @@ def build_parser() -> Parser:
     g.add_argument("--max-iters", type=int, default=1000, help="iteration cap per kernel (default 1000)")
     g.add_argument("--time-budget", type=float, default=1.0, help="seconds per kernel to reach the target CI")
     g.add_argument("--flush-l2", action="store_true", help="overwrite the last-level cache before each iteration")
-    g.add_argument("--timeout", type=float, default=300.0, help="rendezvous timeout in seconds")
+    g.add_argument("--timeout", type=float, default=None,
+                   help="seconds a rank may wait for the others beyond each kernel's own bound (at 1 GFLOP/s and "
+                        "100 MB/s; default 60; 300 for the rendezvous); past it the job ends with status 124")
     g.add_argument("--out", default=None, help="results file (default results/compute-TIMESTAMP.jsonl)")
     g.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     g.add_argument("--json", action="store_true", help="print the ops with their times as one JSON document")
@@ -157,7 +160,9 @@ def build_parser() -> Parser:
                    help="tensor parallelism that runs: megatron (plain torch, Megatron's collectives), dtensor "
                         "(torch DTensor), or auto (default: megatron where it can, i.e. without SP or pp)")
     g.add_argument("--warmup-steps", type=int, default=2, help="untimed training steps first (default 2)")
-    g.add_argument("--timeout", type=float, default=300.0, help="rendezvous/collective timeout in seconds")
+    g.add_argument("--timeout", type=float, default=None,
+                   help="seconds a rank may wait for the others beyond each phase's own bound (default: as run's "
+                        "and compute's); past it the job ends with status 124")
     g.add_argument("--out-dir", default=None,
                    help="where comm.jsonl, compute.jsonl and validate.json go (default results/validate-TIMESTAMP)")
     g.add_argument("--force", action="store_true", help="overwrite the files in --out-dir")
@@ -311,6 +316,11 @@ def cmd_run(a, argv) -> int:
     return EXIT_WRONG if wrong else EXIT_OK
 
 
+def _check_timeout(t):
+    if t is not None and not (t > 0 and math.isfinite(t)):
+        raise ValueError(f"--timeout must be a positive number of seconds, got {t}")
+
+
 def cmd_compute(a, argv) -> int:
     """Time the plan's ComputeOps on every rank at once; rank 0 writes and prints."""
     if a.interference:
@@ -325,6 +335,7 @@ def cmd_compute(a, argv) -> int:
         raise ValueError("timing flags: -n >= 1, -w >= 0, --max-iters >= -n, --time-budget >= 0, --target-ci >= 0")
     if a.device not in ("auto", "cpu", "cuda"):
         raise ValueError(f"unknown device {a.device!r}: choose cpu, cuda or auto")
+    _check_timeout(a.timeout)
     info = launch_mod.detect()
     if info.launcher == "none":
         # a bad plan fails once, here, before torch is imported or any rank starts
@@ -419,6 +430,7 @@ def cmd_validate(a, argv) -> int:
     from commbench import launch as launch_mod
     if a.steps < 1 or a.warmup_steps < 0:
         raise ValueError(f"--steps must be >= 1 and --warmup-steps >= 0, got {a.steps} and {a.warmup_steps}")
+    _check_timeout(a.timeout)
     if a.device not in ("auto", "cpu", "cuda"):
         raise ValueError(f"unknown device {a.device!r}: choose cpu, cuda or auto")
     info = launch_mod.detect()

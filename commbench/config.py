@@ -68,10 +68,8 @@ class RunConfig:
     def rendezvous_timeout_s(self) -> float:
         """Of the rendezvous and of the backend's own operation timeout: --timeout
         when given, else 300 s or twice the largest size's collective deadline."""
-        from commbench.watchdog import collective_timeout_s
-        if self.timeout_s is not None:
-            return self.timeout_s
-        return max(300.0, 2 * collective_timeout_s(max(self.sizes) if self.sizes else 0))
+        from commbench.watchdog import rendezvous_timeout_s
+        return rendezvous_timeout_s(self.timeout_s, max(self.sizes) if self.sizes else 0)
 
     @property
     def in_place_list(self):

@@ -34,7 +34,7 @@ class InterferenceConfig:
     sms: tuple | None = None          # cuda: SM counts of the compute (None: SM_FRACTIONS of the device)
     gemm_size: int = 512              # cpu: torch.mm of two gemm_size^2 float32 matrices
     timing: TimingSettings = field(default_factory=TimingSettings)
-    timeout_s: float = 300.0
+    timeout_s: float | None = None    # T of the watchdog's deadlines (None: 60 s), as compute's --timeout
 
     def __post_init__(self):
         if self.device not in ("cpu", "cuda"):
@@ -52,7 +52,7 @@ class InterferenceConfig:
         if t.iters < 1 or t.warmup < 0 or t.max_iters < t.iters:
             raise ValueError(f"need -n >= 1, -w >= 0 and --max-iters >= -n; got -n {t.iters}, -w {t.warmup}, "
                              f"--max-iters {t.max_iters}")
-        if not 0 <= t.target_ci < 1 or t.time_budget_s < 0 or self.timeout_s <= 0:
+        if not 0 <= t.target_ci < 1 or t.time_budget_s < 0 or (self.timeout_s is not None and not self.timeout_s > 0):
             raise ValueError("need 0 <= --target-ci < 1, --time-budget >= 0 and --timeout > 0")
 
     def window_s(self, partner_of_s: float) -> float:
@@ -147,11 +147,13 @@ def _check_all_reduce(backend, op, buf, count) -> int:
 
 def run(config: InterferenceConfig, info, argv, out_path, overwrite=False, on_measurement=None, backend=None):
     """On every rank. Returns the ResultFile on rank 0, else None. A torch backend
-    passed in (shared with other work of the job) is used and left open."""
-    from commbench import backends
+    passed in (shared with other work of the job) is used and left open. Each
+    measurement runs under a watchdog.Guard (a hung or dead rank: EXIT_TIMEOUT
+    and one line naming it)."""
+    from commbench import watchdog
     own = backend is None
     if own:
-        backend = backends.create("torch", info, config.device, config.timeout_s)
+        backend = watchdog.open_backend("torch", info, config.device, watchdog.rendezvous_timeout_s(config.timeout_s))
     try:
         ranks = backend.control_allgather(env.rank_info(info, config.device))
         hosts = [r["host"] for r in ranks]
@@ -172,10 +174,32 @@ def run(config: InterferenceConfig, info, argv, out_path, overwrite=False, on_me
                 result.measurements.append(m)
                 if on_measurement:
                     on_measurement(m)
+        from commbench import launch
+        launch.set_cpu_threads(info, config.device)     # the same threads as `commbench compute` times with
+        try:
+            with watchdog.Guard("interference", backend, hosts, run_id, out_path, config.timeout_s) as guard:
+                _measure_all(config, backend, hosts, guard, emit)
+        finally:
+            if writer:
+                writer.close()
+        return result if backend.rank == 0 else None
+    finally:
+        if own:
+            backend.close()
 
-        dist = backend.dist
-        world = list(range(backend.world_size))
-        from commbench.backends.base import Group
+
+def _measure_all(config, backend, hosts, guard, emit):
+    """The all_reduce alone, then per compute partner: compute alone, compute
+    with the all_reduce, the all_reduce with compute; each a step of guard."""
+    from commbench import watchdog
+    t = config.timing
+    dist = backend.dist
+    world = list(range(backend.world_size))
+    from commbench.backends.base import Group
+    coll_work = f"all_reduce {config.nbytes} B float32 {backend.name} over {len(world)} ranks"
+    coll_s = watchdog.call_bound_s(config.nbytes)
+    comp_s = watchdog.call_bound_s(flops=2.0 * config.gemm_size ** 3) if config.device == "cpu" else 10 * SPIN_TIME_S
+    with guard.step(f"interference: {coll_work} (checked, then alone)", 4 * coll_s):
         # the measured all_reduce gets a group of its own: on gloo the control
         # channel is WORLD, and a partner thread must not share a group with it
         g = Group(ranks=tuple(world), rank=backend.rank, handle=dist.new_group(world))
@@ -183,45 +207,43 @@ def run(config: InterferenceConfig, info, argv, out_path, overwrite=False, on_me
         buf = backend.empty(count, "float32")
         coll = backend.all_reduce(g, buf, buf, "sum", True)
         coll_wrong = _check_all_reduce(backend, coll, buf, count)
-        base = dict(kind="interference", backend=backend.name, device=config.device, dtype="float32",
-                    nbytes=config.nbytes, group_size=len(world), num_nodes=len(set(hosts)), axis="world",
-                    in_place=False)
-        coll_work = f"all_reduce {config.nbytes} B float32 {backend.name} over {len(world)} ranks"
+        coll_alone = timing.measure(backend, coll, t, on_phase=guard.on_phase(coll_s))
+    base = dict(kind="interference", backend=backend.name, device=config.device, dtype="float32",
+                nbytes=config.nbytes, group_size=len(world), num_nodes=len(set(hosts)), axis="world",
+                in_place=False)
 
-        def case(op, work, concurrent, num_sms, partner):
-            return Case(op=op, **base, params={"concurrent": concurrent, "num_sms": num_sms,
-                                               "partner": partner if concurrent else None, "work": work})
+    def case(op, work, concurrent, num_sms, partner):
+        return Case(op=op, **base, params={"concurrent": concurrent, "num_sms": num_sms,
+                                           "partner": partner if concurrent else None, "work": work})
 
-        coll_alone = timing.measure(backend, coll, t)
-        emit(_record(backend, case("collective", coll_work, False, None, None), coll_alone, t, coll_wrong, hosts))
-        t_coll = backend.control_bcast(float(np.median(coll_alone.samples_s)))
-        parts = _cpu(config, backend, dist, buf, g, info) if config.device == "cpu" else \
-            _gpu(config, backend, buf, g, t_coll)
-        for num_sms, work, compute, timer, wrong, warn, with_coll, with_compute in parts:
-            alone = timing.measure(timer, compute, t)
-            emit(_record(backend, case("compute", work, False, num_sms, None), alone, t, wrong, hosts, warn))
-            t_comp = backend.control_bcast(float(np.median(alone.samples_s)))
+    emit(_record(backend, case("collective", coll_work, False, None, None), coll_alone, t, coll_wrong, hosts))
+    t_coll = backend.control_bcast(float(np.median(coll_alone.samples_s)))
+    parts = _cpu(config, backend, dist, buf, g) if config.device == "cpu" else _gpu(config, backend, buf, g, t_coll)
+    while True:
+        with guard.step("interference: setting up the compute partner", 4 * comp_s + 4 * coll_s):
+            part = next(parts, None)
+        if part is None:
+            return
+        num_sms, work, compute, timer, wrong, warn, with_coll, with_compute = part
+        with guard.step(f"interference: {work} alone", comp_s):
+            alone = timing.measure(timer, compute, t, on_phase=guard.on_phase(comp_s))
+        emit(_record(backend, case("compute", work, False, num_sms, None), alone, t, wrong, hosts, warn))
+        t_comp = backend.control_bcast(float(np.median(alone.samples_s)))
+        with guard.step(f"interference: {work} with {coll_work}", 4 * comp_s):
             with with_coll(config.window_s(t_comp)) as p:
-                timed = timing.measure(timer, compute, t)
-            emit(_record(backend, case("compute", work, True, num_sms, coll_work), timed, t, wrong, hosts,
-                         getattr(p, "warnings", ())))
+                timed = timing.measure(timer, compute, t, on_phase=guard.on_phase(4 * comp_s))
+        emit(_record(backend, case("compute", work, True, num_sms, coll_work), timed, t, wrong, hosts,
+                     getattr(p, "warnings", ())))
+        with guard.step(f"interference: {coll_work} with {work}", 4 * coll_s):
             with with_compute(config.window_s(t_coll)) as p:
-                timed = timing.measure(backend, coll, t)
-            emit(_record(backend, case("collective", coll_work, True, num_sms, work), timed, t, coll_wrong, hosts,
-                         getattr(p, "warnings", ())))
-        if writer:
-            writer.close()
-        return result if backend.rank == 0 else None
-    finally:
-        if own:
-            backend.close()
+                timed = timing.measure(backend, coll, t, on_phase=guard.on_phase(4 * coll_s))
+        emit(_record(backend, case("collective", coll_work, True, num_sms, work), timed, t, coll_wrong, hosts,
+                     getattr(p, "warnings", ())))
 
 
-def _cpu(config, backend, dist, buf, g, info):
+def _cpu(config, backend, dist, buf, g):
     import torch
 
-    from commbench import launch
-    launch.set_cpu_threads(info, "cpu")     # the same threads as `commbench compute` times with
     m = config.gemm_size
     gen = torch.Generator().manual_seed(1234)
     a, b = torch.rand(m, m, generator=gen), torch.rand(m, m, generator=gen)

@@ -7,7 +7,7 @@ import uuid
 
 import numpy as np
 
-from commbench import backends, env, groups, memcheck, rankcheck, stats, timing, watchdog
+from commbench import env, groups, memcheck, rankcheck, stats, timing, watchdog
 from commbench import resume as resume_mod
 from commbench.backends.base import Unsupported
 from commbench.collectives.base import Prepared, num_wrong
@@ -182,10 +182,8 @@ def run(config, launch, argv, out_path, overwrite=False, reporter=None, plan=Non
     and SIGTERM raise watchdog.Interrupted (the file keeps every finished line)."""
     own = backend is None
     if own:
-        what = f"{config.backend} on {launch.world_size} ranks"
-        with watchdog.RendezvousGuard(what, config.rendezvous_timeout_s, launch.rank):
-            backend = backends.create(config.backend, launch, config.device, config.rendezvous_timeout_s,
-                                      **({"dist_backend": config.dist_backend} if config.backend == "torch" else {}))
+        backend = watchdog.open_backend(config.backend, launch, config.device, config.rendezvous_timeout_s,
+                                        **({"dist_backend": config.dist_backend} if config.backend == "torch" else {}))
     progress = None
     try:
         ranks = backend.control_allgather(env.rank_info(launch, config.device))

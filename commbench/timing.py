@@ -53,12 +53,16 @@ class Timed:
 
 def measure(backend, op, settings: TimingSettings, on_phase=None) -> Timed:
     """on_phase(calls, budget_s), if given, is told before the warmup and before
-    each timed batch how many calls follow (the watchdog's deadline)."""
+    each timed batch how many calls follow (the watchdog's deadline), and, with
+    no calls, when this rank's own calls are done and it waits for the others
+    (so a rank still computing is seen to be behind)."""
     if on_phase:
         on_phase(settings.warmup, 0.0)
     for _ in range(settings.warmup):
         op()
     backend.synchronize()
+    if on_phase:
+        on_phase(0, 0.0)
     backend.control_barrier()
     own, maxed = [], []
     batch = settings.iters
@@ -67,6 +71,8 @@ def measure(backend, op, settings: TimingSettings, on_phase=None) -> Timed:
         if on_phase:
             on_phase(batch, settings.time_budget_s)
         s = backend.time_iterations(op, batch)
+        if on_phase:
+            on_phase(0, 0.0)
         own += s
         maxed += backend.control_reduce(np.asarray(s, dtype=np.float64), "max").tolist()
         stop = True

@@ -393,10 +393,13 @@ def _pipeline_step(spec: ModelSpec, par: Parallelism, mesh, dev, seed: int):
 
 
 # --- timing -------------------------------------------------------------------------------------
-def _timed(step, n: int, dev) -> tuple:
-    """This rank's duration and loss of each of n steps, each started together."""
+def _timed(step, n: int, dev, on_step=None) -> tuple:
+    """This rank's duration and loss of each of n steps, each started together.
+    on_step(i, durations so far), if given, is told before step i."""
     durations, losses = [], []
-    for _ in range(n):
+    for i in range(n):
+        if on_step:
+            on_step(i, durations)
         dist.barrier()
         t0 = time.perf_counter()
         loss = step()
@@ -420,9 +423,11 @@ def _over_ranks(durations: list, losses: list, dev) -> tuple:
 
 
 def train_steps(model: ModelSpec, par: Parallelism, steps: int, warmup: int = 2, device: str = "cpu",
-                seed: int = 0, tp_impl: str = "dtensor") -> StepTimes:
+                seed: int = 0, tp_impl: str = "dtensor", on_step=None) -> StepTimes:
     """Run warmup + steps real optimizer steps of the plan on this rank (every rank
-    of the default group calls it) and time them. ValueError for a plan that cannot run."""
+    of the default group calls it) and time them. ValueError for a plan that
+    cannot run. on_step(i, durations so far), if given, is told before each step
+    (i counts the warmup) and, with i = warmup + steps, before the final exchange."""
     check_plan(model, par)
     _check_args(par, steps, warmup)
     from torch.distributed.device_mesh import init_device_mesh
@@ -437,7 +442,9 @@ def train_steps(model: ModelSpec, par: Parallelism, steps: int, warmup: int = 2,
             raise ValueError(f"tp implementation megatron does not support {why}: use dtensor")
     step = _pipeline_step(model, par, mesh, dev, seed) if par.pp > 1 else \
         _flat_step(model, par, mesh, dev, seed, tp_impl)
-    durations, losses = _timed(step, warmup + steps, dev)
+    durations, losses = _timed(step, warmup + steps, dev, on_step)
+    if on_step:
+        on_step(warmup + steps, durations)
     step_s, mean_losses = _over_ranks(durations, losses, dev)
     return StepTimes(step_s=step_s[warmup:], rank_step_s=durations[warmup:], losses=mean_losses[warmup:],
                      implementation=_describe(par, dev, tp_impl), warmup=warmup)

@@ -34,16 +34,17 @@ def tp_impl_for(model, par, asked: str = "auto") -> str:
     return asked
 
 
-def run_on_rank(model, par, info, device, steps, warmup, out_dir, argv, overwrite=False, timeout_s=300.0,
+def run_on_rank(model, par, info, device, steps, warmup, out_dir, argv, overwrite=False, timeout_s=None,
                 comm_timing=COMM_TIMING, compute_timing=COMPUTE_TIMING, tp_impl="megatron") -> dict | None:
     """Every rank calls this; rank 0 returns the report, the others None. tp_impl:
     the tensor-parallel implementation that runs (and whose collectives are predicted)."""
-    from commbench import backends, sweep, training
+    from commbench import sweep, watchdog
     from commbench.compute import runner
-    backend = backends.create("torch", info, device, timeout_s)
+    # the collectives of what training.py runs
+    workload = plan_mod.build(model, par, tp_flavour=tp_impl)
+    largest = max((c.nbytes for c in workload.comm_ops), default=0)
+    backend = watchdog.open_backend("torch", info, device, watchdog.rendezvous_timeout_s(timeout_s, largest))
     try:
-        # the collectives of what training.py runs
-        workload = plan_mod.build(model, par, tp_flavour=tp_impl)
         comm_path, compute_path = os.path.join(out_dir, "comm.jsonl"), os.path.join(out_dir, "compute.jsonl")
         inter_path = os.path.join(out_dir, "interference.jsonl")
         comm_rf = None
@@ -61,12 +62,38 @@ def run_on_rank(model, par, info, device, steps, warmup, out_dir, argv, overwrit
             inter_rf = interference.run(interference.InterferenceConfig(device=device, timing=compute_timing,
                                                                         timeout_s=timeout_s),
                                         info, argv, inter_path, overwrite, backend=backend)
-        measured = training.train_steps(model, par, steps, warmup=warmup, device=device, tp_impl=tp_impl)
+        measured = train_guarded(backend, info, workload, model, par, steps, warmup, device, tp_impl, out_dir,
+                                 timeout_s)
     finally:
         backend.close()
     if info.rank != 0:
         return None
     return report(workload, par, comm_rf, compute_rf, inter_rf, measured, device, out_dir)
+
+
+def train_guarded(backend, info, workload, model, par, steps, warmup, device, tp_impl, out_dir, timeout_s):
+    """training.train_steps under a watchdog.Guard: the model's set-up and each
+    step must end within T + a bound (before the first step: the workload's
+    FLOPs at 1 GFLOP/s and bytes at 100 MB/s; after it: 10 x the longest step
+    so far), else EXIT_TIMEOUT and one line naming the step and the ranks."""
+    import uuid
+
+    from commbench import env, search, training, watchdog
+    hosts = [r["host"] for r in backend.control_allgather(env.rank_info(info, device))]
+    run_id = backend.control_bcast(uuid.uuid4().hex[:12])
+    first = watchdog.call_bound_s(sum(c.nbytes * c.count for c in workload.comm_ops),
+                                  sum(o.flops * o.count for o in workload.compute_ops))
+    plan = f"{model.name} {search.describe(par)}"
+    total = warmup + steps
+    with watchdog.Guard("training", backend, hosts, run_id, out_dir, timeout_s) as guard, guard.watching():
+        guard.begin(f"setting up the model for training ({plan})", first)
+
+        def on_step(i, durations):
+            what = f"training step {i + 1} of {total} ({plan})" if i < total else \
+                f"exchange of the step times ({plan})"
+            guard.begin(what, 10 * max(durations) if durations else first)
+        return training.train_steps(model, par, steps, warmup=warmup, device=device, tp_impl=tp_impl,
+                                    on_step=on_step)
 
 
 def report(workload, par, comm_rf, compute_rf, inter_rf, measured, device, out_dir) -> dict:

@@ -24,6 +24,7 @@ each host prints its line).
 Interruptions: SIGINT and SIGTERM raise Interrupted in the main thread; the
 rank marks itself interrupted, so a peer whose collective fails because of it
 ends with the same status (130 / 143) instead of reporting a timeout."""
+import contextlib
 import json
 import os
 import re
@@ -35,7 +36,9 @@ import time
 
 EXIT_TIMEOUT = 124
 RATE_BPS = 100e6            # the slow-but-alive rate the default timeout assumes: 100 MB/s
+FLOP_RATE = 1e9             # and of compute: 1 GFLOP/s (a slow CPU core in emulated bf16 does more)
 MIN_TIMEOUT_S = 60.0
+MIN_RENDEZVOUS_S = 300.0
 
 
 def collective_timeout_s(nbytes: int, given: float | None = None) -> float:
@@ -44,6 +47,21 @@ def collective_timeout_s(nbytes: int, given: float | None = None) -> float:
     if given is not None:
         return float(given)
     return max(MIN_TIMEOUT_S, 10.0 * nbytes / RATE_BPS)
+
+
+def rendezvous_timeout_s(given: float | None = None, largest_nbytes: int = 0) -> float:
+    """Of the rendezvous and of the backend's own operation timeout (above every
+    phase deadline, so the watchdog speaks first): --timeout when given, else
+    300 s or twice the largest collective's deadline."""
+    if given is not None:
+        return float(given)
+    return max(MIN_RENDEZVOUS_S, 2 * collective_timeout_s(largest_nbytes))
+
+
+def call_bound_s(nbytes: float = 0.0, flops: float = 0.0) -> float:
+    """The longest a live rank may take for one call moving nbytes and doing
+    flops: at 100 MB/s and 1 GFLOP/s."""
+    return max(nbytes / RATE_BPS, flops / FLOP_RATE)
 
 
 def phase_deadline_s(nbytes: int, calls: int, given: float | None = None, budget_s: float = 0.0) -> float:
@@ -87,6 +105,7 @@ class Progress:
         self.dir = os.path.join(tempfile.gettempdir(), f"commbench-{run_id}")
         os.makedirs(self.dir, exist_ok=True)
         self.pos, self.state = (-1, 0), "running"
+        self.watchdog = None        # the Watchdog watching this rank, while there is one
         self.write()
 
     def _path(self, rank: int) -> str:
@@ -160,6 +179,7 @@ class Watchdog:
     def __init__(self, progress: Progress, out_path: str | None = None, stream=None):
         self.progress, self.out_path = progress, out_path
         self.stream = stream or sys.stderr
+        progress.watchdog = self
         self._lock = threading.Lock()
         self._deadline, self._what, self._limit = None, "", 0.0
         self._stop = threading.Event()
@@ -178,9 +198,18 @@ class Watchdog:
         with self._lock:
             self._deadline = None
 
+    @property
+    def armed(self) -> bool:
+        return self._deadline is not None
+
+    @property
+    def what(self) -> str:
+        return self._what
+
     def close(self):
         self._stop.set()
         self.disarm()
+        self.progress.watchdog = None
 
     def _watch(self):
         while not self._stop.wait(0.2):
@@ -236,13 +265,24 @@ class Watchdog:
 
 
 class InterruptHandlers:
-    """SIGINT/SIGTERM raise Interrupted in the main thread while installed."""
+    """SIGINT/SIGTERM raise Interrupted in the main thread while installed.
+
+    A launcher that stops the job because one rank died (torchrun does, with
+    SIGTERM) is not an interruption: when a watchdog is armed and a peer's
+    process is gone, the signal ends this rank as that peer's death does
+    (EXIT_TIMEOUT and the one line naming it)."""
 
     def __init__(self, progress: Progress | None = None):
         self.progress = progress
         self._old = {}
 
     def _handle(self, signum, _frame):
+        wd = self.progress.watchdog if self.progress is not None else None
+        if wd is not None and wd.armed:
+            silent, _, _ = self.progress.missing()
+            if any(why == "process gone" for _, why in silent):
+                wd.report(wd.what, "because a peer stopped answering",
+                          f"{signal.Signals(signum).name} from the launcher")
         if self.progress is not None:
             self.progress.state = "interrupted"
             self.progress.write()
@@ -258,6 +298,75 @@ class InterruptHandlers:
         for s, h in self._old.items():
             signal.signal(s, h)
         return False
+
+
+class Guard:
+    """The sweep's protection for work outside a sweep (compute, interference,
+    validate's training steps): every rank passes the same steps in the same
+    order; step(what, limit_s) opens one with a deadline of T + limit_s (T as
+    collective_timeout_s: --timeout, else 60 s), phase(limit_s) re-arms it
+    within the step. A RuntimeError or OSError inside a step (a collective
+    failed) ends the rank as the sweep does when a peer is gone or interrupted,
+    and is re-raised otherwise. SIGINT/SIGTERM raise Interrupted."""
+
+    def __init__(self, name: str, backend, hosts: list, run_id: str, out_path: str | None,
+                 timeout_s: float | None = None):
+        self.name, self.timeout_s = name, timeout_s
+        self.progress = Progress(run_id, backend.rank, backend.world_size, hosts, hosts[backend.rank])
+        self.handlers = InterruptHandlers(self.progress)
+        self.watchdog = Watchdog(self.progress, out_path)
+        self._index, self._phase = 0, 0
+
+    def __enter__(self):
+        self.handlers.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.watchdog.close()
+        self.handlers.__exit__(*exc)
+        self.progress.remove()
+        return False
+
+    def phase(self, limit_s: float):
+        self._phase += 1
+        self.watchdog.arm(self._index, self._phase, self.watchdog.what,
+                          collective_timeout_s(0, self.timeout_s) + limit_s)
+
+    def on_phase(self, call_s: float):
+        """timing.measure's on_phase for an op of call_s per call (call_bound_s)."""
+        return lambda calls, budget_s=0.0: self.phase(calls * call_s + budget_s)
+
+    def begin(self, what: str, limit_s: float):
+        """The next step starts: it must end within T + limit_s."""
+        hang_injection(self.progress.rank, self._index + 1, self.name)     # steps count from 1
+        self._index, self._phase = self._index + 1, 0
+        self.watchdog.arm(self._index, 0, what, collective_timeout_s(0, self.timeout_s) + limit_s)
+
+    @contextlib.contextmanager
+    def watching(self):
+        """A failed collective inside: a gone or interrupted peer ends the rank
+        (naming the step in progress); other errors are re-raised."""
+        try:
+            yield self
+        except (RuntimeError, OSError) as e:
+            self.watchdog.peer_failed(self.watchdog.what, e)
+            raise
+        finally:
+            self.watchdog.disarm()
+
+    @contextlib.contextmanager
+    def step(self, what: str, limit_s: float):
+        self.begin(what, limit_s)
+        with self.watching():
+            yield self
+
+
+def open_backend(name: str, launch, device: str, limit_s: float, **options):
+    """backends.create under a RendezvousGuard of limit_s (also the backend's
+    own operation timeout)."""
+    from commbench import backends
+    with RendezvousGuard(f"{name} on {launch.world_size} ranks", limit_s, launch.rank):
+        return backends.create(name, launch, device, limit_s, **options)
 
 
 def interruptible(rank: int, where: str, work):
@@ -308,11 +417,13 @@ class RendezvousGuard:
         return False
 
 
-def hang_injection(rank: int, case_index: int):
-    """Fault injection for the reliability tests: COMMBENCH_INJECT_HANG=R:I makes
-    rank R stop answering before case I (it sleeps; its own watchdog ends it)."""
-    v = os.environ.get("COMMBENCH_INJECT_HANG", "")
-    r, _, i = v.partition(":")
-    if r.isdigit() and i.isdigit() and int(r) == rank and int(i) == case_index:
+def hang_injection(rank: int, index: int, where: str = "run"):
+    """Fault injection for the reliability tests: COMMBENCH_INJECT_HANG=R:I[:WHERE]
+    makes rank R stop answering before case I of a sweep (WHERE "run", the
+    default) or step I of a Guard named WHERE (compute, interference, training);
+    it sleeps, and its own watchdog ends it."""
+    r, _, rest = os.environ.get("COMMBENCH_INJECT_HANG", "").partition(":")
+    i, _, w = rest.partition(":")
+    if r.isdigit() and i.isdigit() and int(r) == rank and int(i) == index and (w or "run") == where:
         while True:
             time.sleep(1)

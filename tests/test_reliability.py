@@ -120,6 +120,74 @@ def test_killed_rank_under_mpiexec(tmp_path):
     assert_partial_file(out, 3)
 
 
+def test_killed_rank_under_torchrun(tmp_path):
+    """torchrun stops the other ranks with SIGTERM when one dies: that is not an
+    interruption, and the rank left names the dead one, with the timeout status."""
+    out = tmp_path / "torchrun.jsonl"
+    torchrun = os.path.join(os.path.dirname(PY), "torchrun")
+    proc = subprocess.Popen([torchrun, "--standalone", "--nproc-per-node", "2", "-m", "commbench", *SWEEP,
+                             "-e", "1M", "--timeout", str(TIMEOUT), "--out", str(out)],
+                            cwd=tmp_path, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    wait_lines(proc, out, 1 + 3)
+    os.kill(rank_pid(out, 1), signal.SIGKILL)
+    t_fault = time.monotonic()
+    code, _, err, t_end = finish(proc)
+    ours = [ln for ln in err if ln.startswith("commbench:")]
+    assert code != 0
+    assert len(ours) == 1 and "all_reduce of " in ours[0] and "rank 1 (process gone)" in ours[0], err
+    assert "interrupted" not in ours[0], ours
+    assert t_end - t_fault < TIMEOUT + SLACK
+    assert_partial_file(out, 3)
+
+
+COMPUTE = ["compute", "--model", "tiny-gpt", "--nprocs", "2", "--device", "cpu", "-n", "3", "-w", "1",
+           "--target-ci", "0", "-q"]
+
+
+def test_hung_rank_in_compute_ends_the_job_naming_the_kernel_and_rank(tmp_path):
+    out = tmp_path / "compute-hang.jsonl"
+    proc = start([*COMPUTE, "--timeout", str(TIMEOUT), "--out", out], tmp_path, COMMBENCH_INJECT_HANG="1:4:compute")
+    t_fault = wait_lines(proc, out, 1 + 3)       # kernel 4 is where rank 1 stops answering
+    code, _, err, t_end = finish(proc)
+    assert code == watchdog.EXIT_TIMEOUT, err
+    assert len(err) == 1 and "Traceback" not in err[0], err
+    line = err[0]
+    assert line.startswith("commbench: timeout: compute ") and "on ranks 0-1 at once" in line, line
+    assert "rank 1 (still in an earlier step)" in line and str(out) in line, line
+    assert t_end - t_fault < TIMEOUT + SLACK
+    rf = assert_partial_file(out, 3)
+    assert len(rf.measurements) == 3 and all(m.status == "ok" for m in rf.measurements)
+
+
+def test_killed_rank_in_compute_ends_the_job_naming_it(tmp_path):
+    out = tmp_path / "compute-kill.jsonl"
+    proc = start([*COMPUTE, "--model", "small-gpt", "--timeout", str(TIMEOUT), "--out", out], tmp_path)
+    wait_lines(proc, out, 1 + 2)
+    os.kill(rank_pid(out, 1), signal.SIGKILL)
+    t_fault = time.monotonic()
+    code, _, err, t_end = finish(proc)
+    assert code == watchdog.EXIT_TIMEOUT, err
+    assert len(err) == 1 and err[0].startswith("commbench: timeout: compute "), err
+    assert "rank 1 (process gone)" in err[0], err
+    assert t_end - t_fault < TIMEOUT + SLACK
+    assert_partial_file(out, 2)
+
+
+def test_hung_rank_in_validate_training_names_the_step(tmp_path):
+    out = tmp_path / "val"
+    proc = start(["validate", "--model", "tiny-gpt", "--nprocs", "2", "--steps", "2", "--warmup-steps", "1",
+                  "--timeout", str(TIMEOUT), "--out-dir", out], tmp_path, COMMBENCH_INJECT_HANG="1:3:training")
+    code, _, err, _ = finish(proc, limit=400)
+    assert code == watchdog.EXIT_TIMEOUT, err
+    assert len(err) == 1, err
+    assert err[0].startswith("commbench: timeout: training step 2 of 3 (tiny-gpt "), err
+    assert "rank 1 (still in an earlier step)" in err[0] and str(out) in err[0], err
+    # what was measured before the training is kept
+    assert results.load(str(out / "compute.jsonl")).measurements
+    assert not (out / "validate.json").exists()
+
+
 def test_sigterm_then_resume_completes_without_duplicates(tmp_path):
     out = tmp_path / "term.jsonl"
     proc = start([*SWEEP, "--nprocs", "2", "--out", out], tmp_path)

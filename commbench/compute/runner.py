@@ -104,7 +104,22 @@ def needed_bytes(op, device: str) -> int:
     return 2 * int(op.nbytes)
 
 
-def measure(backend, timer, case: Case, op, settings, hosts, torch, device, ranks_on_host=1) -> Measurement:
+def describe(case: Case, world_size: int) -> str:
+    """The kernel and shape of a case, as the watchdog's line names it."""
+    p = case.params
+    shape = "x".join(str(p[k]) for k in ("batch", "m", "n", "k") if p.get(k) not in (None, 0, 1) or k == "m")
+    return f"compute {case.op} {shape} {case.dtype} ({case.nbytes} B) on ranks 0-{world_size - 1} at once"
+
+
+def call_s(op, timer) -> float:
+    """The watchdog's bound on one timed call of op (with the cache flush, if any)."""
+    from commbench import watchdog
+    flush = 4 * timer.buf.numel() if isinstance(timer, FlushingTimer) else 0
+    return watchdog.call_bound_s(op.nbytes + flush, op.flops)
+
+
+def measure(backend, timer, case: Case, op, settings, hosts, torch, device, ranks_on_host=1,
+            on_phase=None) -> Measurement:
     from commbench.compute import kernels
     from commbench.sweep import one_hot
     need, free = needed_bytes(op, device), free_bytes(device, ranks_on_host)
@@ -122,7 +137,7 @@ def measure(backend, timer, case: Case, op, settings, hosts, torch, device, rank
     errors = [e for e in backend.control_allgather(error) if e]
     if errors:
         return Measurement(case=case, status="skipped", skip_reason=f"could not set up: {errors[0]}")
-    timed = timing.measure(timer, call, settings)
+    timed = timing.measure(timer, call, settings, on_phase=on_phase)
     own_p50 = float(np.median(timed.own_samples_s))
     rank_p50 = backend.control_reduce(one_hot(backend, own_p50), "sum").tolist()
     summary = stats.summarize(timed.samples_s)
@@ -137,15 +152,17 @@ def measure(backend, timer, case: Case, op, settings, hosts, torch, device, rank
     return m
 
 
-def run(workload_ops, launch, device, settings, out_path, overwrite, argv, flush_l2=False, timeout_s=300.0,
+def run(workload_ops, launch, device, settings, out_path, overwrite, argv, flush_l2=False, timeout_s=None,
         reporter=None, extra_settings=None, backend=None):
     """Time the distinct ops on this rank (all ranks at once). Returns the
     ResultFile on rank 0, None elsewhere. A torch backend passed in is used and
-    left open."""
-    from commbench import backends
+    left open. Each kernel's setup and timing run under a watchdog.Guard:
+    a hung or dead rank ends the job with EXIT_TIMEOUT and one line naming the
+    kernel and the rank (timeout_s: its T, as `run --timeout`)."""
+    from commbench import watchdog
     own = backend is None
     if own:
-        backend = backends.create("torch", launch, device, timeout_s)
+        backend = watchdog.open_backend("torch", launch, device, watchdog.rendezvous_timeout_s(timeout_s))
     try:
         import torch
         ranks = backend.control_allgather(env.rank_info(launch, device))
@@ -166,15 +183,21 @@ def run(workload_ops, launch, device, settings, out_path, overwrite, argv, flush
         if reporter and backend.rank == 0:
             reporter.start(len(todo))
         on_host = hosts.count(hosts[backend.rank])
-        for case, op in todo:
-            m = measure(backend, timer, case, op, settings, hosts, torch, device, on_host)
-            if backend.rank == 0:
-                writer.append(m)
-                result.measurements.append(m)
-                if reporter:
-                    reporter.advance(m)
-        if writer:
-            writer.close()
+        try:
+            with watchdog.Guard("compute", backend, hosts, run_id, out_path, timeout_s) as guard:
+                for case, op in todo:
+                    bound = call_s(op, timer)
+                    with guard.step(describe(case, backend.world_size), 2 * bound):
+                        m = measure(backend, timer, case, op, settings, hosts, torch, device, on_host,
+                                    on_phase=guard.on_phase(bound))
+                    if backend.rank == 0:
+                        writer.append(m)
+                        result.measurements.append(m)
+                        if reporter:
+                            reporter.advance(m)
+        finally:
+            if writer:
+                writer.close()
         return result if backend.rank == 0 else None
     finally:
         if own:
