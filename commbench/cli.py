@@ -501,11 +501,11 @@ def cmd_show(a) -> int:
 
 def cmd_env(a) -> int:
     """Under a launcher every rank reports itself and rank 0 prints them all."""
-    from commbench import backends, env, launch as launch_mod
+    from commbench import env, launch as launch_mod, watchdog
     info = launch_mod.detect()
     device = _device(a.device, a.backend)
     if info.world_size > 1:
-        backend = backends.create(a.backend, info, device, a.timeout)
+        backend = watchdog.open_backend(a.backend, info, device, a.timeout)
         try:
             ranks = backend.control_allgather(env.rank_info(info, device))
         finally:

@@ -7,6 +7,7 @@ events under the adaptive protocol of timing.py.
 Without a launcher one process measures every visible GPU. Under a launcher
 each rank measures its own GPU (local rank modulo the visible count) and local
 rank 0 of each node the GPU pairs it sees; rank 0 gathers and writes."""
+import contextlib
 import datetime
 import json
 import sys
@@ -14,7 +15,7 @@ import uuid
 
 import numpy as np
 
-from commbench import env, kernels, results, stats, timing
+from commbench import env, kernels, results, stats, timing, watchdog
 from commbench.results import Case, Measurement, ResultFile
 
 TRIAD_SCALAR = 3.0
@@ -181,8 +182,8 @@ def run(info, sizes, settings, check, out_path, overwrite, argv, timeout_s, on_m
     count = cupy.cuda.runtime.getDeviceCount()
     ctl = None
     if info.world_size > 1:    # a control channel to gather the measurements
-        from commbench import backends
-        ctl = backends.create("torch", info, "cpu", timeout_s, dist_backend="gloo")
+        ctl = watchdog.open_backend("torch", info, "cpu", watchdog.rendezvous_timeout_s(timeout_s, max(sizes)),
+                                    dist_backend="gloo")
     try:
         mine = env.rank_info(info, "cuda")
         ranks = ctl.control_allgather(mine) if ctl else [mine]
@@ -214,27 +215,49 @@ def run(info, sizes, settings, check, out_path, overwrite, argv, timeout_s, on_m
                     if on_measurement:
                         on_measurement(x)
 
-        counts = element_counts(sizes)
-        for op in ("copy", "triad"):
-            for n in counts:
-                for g in gpus:     # every rank runs the same number of cases
-                    emit(memory_case(cupy, ks[g], op, n, settings, check, info.rank, host))
-        pairs = []
-        if info.local_rank == 0:
-            ordered = [(i, j) for i in range(count) for j in range(count) if i != j]
-            pairs = ([("p2p_read", i, j) for i, j in ordered] + [("p2p_write", i, j) for i, j in ordered]
-                     + [("p2p_bidir", i, j) for i, j in ordered if i < j])
-        todo = [(op, i, j, n) for op, i, j in pairs for n in counts]
-        steps = int(ctl.control_reduce(np.array([len(todo)], np.float64), "max")[0]) if ctl else len(todo)
-        for k in range(steps):
-            emit(p2p_case(cupy, ks, *todo[k][:3], todo[k][3], settings, check, info.rank, host)
-                 if k < len(todo) else None)
+        if ctl:
+            with watchdog.Guard("kernels", ctl, [r["host"] for r in ranks], run_id, out_path, timeout_s) as guard:
+                _all_cases(cupy, ks, info, gpus, count, sizes, settings, check, host, ctl, guard, emit)
+        else:
+            _all_cases(cupy, ks, info, gpus, count, sizes, settings, check, host, ctl, None, emit)
         if writer:
             writer.close()
         return (result if info.rank == 0 else None), wrong
     finally:
         if ctl:
             ctl.close()
+
+
+def _step(guard, what: str, nbytes: int, settings):
+    """A guarded step of a multi-rank run (one per case, the same number on
+    every rank): its check, warmup and first iterations at 100 MB/s, plus the
+    time budget; nothing to guard on a single rank."""
+    if guard is None:
+        return contextlib.nullcontext()
+    calls = 2 + settings.warmup + settings.iters
+    return guard.step(what, calls * watchdog.call_bound_s(nbytes) + settings.time_budget_s)
+
+
+def _all_cases(cupy, ks, info, gpus, count, sizes, settings, check, host, ctl, guard, emit):
+    counts = element_counts(sizes)
+    for op in ("copy", "triad"):
+        for n in counts:
+            for g in gpus:     # every rank runs the same number of cases
+                with _step(guard, f"kernels {op} of {16 * n} B on GPU {g}", 3 * 16 * n, settings):
+                    emit(memory_case(cupy, ks[g], op, n, settings, check, info.rank, host))
+    pairs = []
+    if info.local_rank == 0:
+        ordered = [(i, j) for i in range(count) for j in range(count) if i != j]
+        pairs = ([("p2p_read", i, j) for i, j in ordered] + [("p2p_write", i, j) for i, j in ordered]
+                 + [("p2p_bidir", i, j) for i, j in ordered if i < j])
+    todo = [(op, i, j, n) for op, i, j in pairs for n in counts]
+    steps = int(ctl.control_reduce(np.array([len(todo)], np.float64), "max")[0]) if ctl else len(todo)
+    for k in range(steps):
+        with _step(guard, f"kernels {todo[k][0]} GPU {todo[k][1]} -> {todo[k][2]} of {16 * todo[k][3]} B"
+                   if k < len(todo) else "kernels: waiting for another host's peer-to-peer cases",
+                   2 * 16 * (todo[k][3] if k < len(todo) else max(counts)), settings):
+            emit(p2p_case(cupy, ks, *todo[k][:3], todo[k][3], settings, check, info.rank, host)
+                 if k < len(todo) else None)
 
 
 def print_table(measurements, file=None):
@@ -290,7 +313,7 @@ def cli(a, argv) -> int:
                                + (f"{m.algbw_gbps:.1f} GB/s" if m.status == "ok" else m.skip_reason),
                                file=sys.stderr)
     result, wrong = run(info, sizes, settings, a.check, a.out or _default_out(), a.force,
-                        ["commbench", *argv], 300.0 if a.timeout is None else a.timeout, live)
+                        ["commbench", *argv], a.timeout, live)
     if result is None:
         return 0
     if a.json:
