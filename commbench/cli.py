@@ -138,8 +138,6 @@ def build_parser() -> Parser:
     g.add_argument("--sms", default=None, help="cuda: SM counts of the spin kernel, comma-separated "
                                                "(default 1/8, 1/4, 1/2 and all of the device's SMs)")
     g.add_argument("--gemm-size", type=int, default=512, help="cpu: square float32 torch.mm size (default 512)")
-    g.add_argument("--gap", type=float, default=1e-3,
-                   help="seconds of compute before each all_reduce of the after-compute penalty (default 0.001)")
     pr = sub.add_parser("predict", help="the training step of a plan from measured (or specified) times")
     planflags.add(pr)
     _predict_inputs(pr)

@@ -1,9 +1,7 @@
 """`commbench compute --interference`: how much a concurrent collective slows
 compute, and compute the collective. Each of the two ops is timed alone and
 with the other running throughout its timed window; the raw samples of all four
-are stored and slowdowns() derives p50(concurrent) / p50(alone). Also
-measured: a small all_reduce right after compute against back to back, the
-after-compute penalty per call (after_compute.py).
+are stored and slowdowns() derives p50(concurrent) / p50(alone).
 
 CPU: a float32 torch.mm in the main thread against a gloo all_reduce; the
 partner runs in a Python thread (both release the GIL).
@@ -19,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from commbench import after_compute, env, results, stats, timing
+from commbench import env, results, stats, timing
 from commbench.timing import TimingSettings
 from commbench.results import Case, Measurement, ResultFile
 
@@ -35,7 +33,6 @@ class InterferenceConfig:
     nbytes: int = 4 << 20             # all_reduce buffer
     sms: tuple | None = None          # cuda: SM counts of the compute (None: SM_FRACTIONS of the device)
     gemm_size: int = 512              # cpu: torch.mm of two gemm_size^2 float32 matrices
-    gap_s: float = 1e-3               # compute before each all_reduce of the after-compute penalty
     timing: TimingSettings = field(default_factory=TimingSettings)
     timeout_s: float | None = None    # T of the watchdog's deadlines (None: 60 s), as compute's --timeout
 
@@ -49,8 +46,6 @@ class InterferenceConfig:
                 raise ValueError("--sms sets the SMs of the GPU compute kernel: it needs --device cuda")
             if not self.sms or any(k < 1 for k in self.sms):
                 raise ValueError(f"--sms {','.join(map(str, self.sms))}: SM counts must be at least 1")
-        if not (0 < self.gap_s <= 10.0):
-            raise ValueError(f"--gap must be in (0, 10] seconds, got {self.gap_s}")
         if self.gemm_size < 1:
             raise ValueError(f"--gemm-size must be at least 1, got {self.gemm_size}")
         t = self.timing
@@ -167,7 +162,6 @@ def run(config: InterferenceConfig, info, argv, out_path, overwrite=False, on_me
         t = config.timing
         settings = {"interference": True, "device": config.device, "nbytes": config.nbytes,
                     "sms": list(config.sms) if config.sms else None, "gemm_size": config.gemm_size,
-                    "gap_s": config.gap_s,
                     "warmup": t.warmup, "iters": t.iters, "max_iters": t.max_iters,
                     "time_budget_s": t.time_budget_s, "target_ci": t.target_ci, "timeout_s": config.timeout_s}
         header = env.header(info, ranks, argv, run_id, created, settings)
@@ -224,17 +218,6 @@ def _measure_all(config, backend, hosts, guard, emit):
 
     emit(_record(backend, case("collective", coll_work, False, None, None), coll_alone, t, coll_wrong, hosts))
     t_coll = backend.control_bcast(float(np.median(coll_alone.samples_s)))
-    # the after-compute penalty of a small all_reduce (after_compute.py)
-    small_s = watchdog.call_bound_s(after_compute.NBYTES) + 10 * config.gap_s
-    with guard.step(f"interference: all_reduce {after_compute.NBYTES} B after {config.gap_s * 1e6:.0f} us of compute",
-                    4 * small_s):
-        small = backend.empty(after_compute.NBYTES // 4, "float32")
-        small_coll = backend.all_reduce(g, small, small, "sum", True)
-        small_wrong = _check_all_reduce(backend, small_coll, small, after_compute.NBYTES // 4)
-        gemm, work = after_compute.burst(backend, backend.torch_device, config.gap_s)
-        timed = after_compute.measure(backend, small_coll, gemm, t, on_phase=guard.on_phase(small_s))
-    for pos, c in after_compute.cases(base, work).items():
-        emit(_record(backend, c, timed[pos], t, small_wrong, hosts))
     parts = _cpu(config, backend, dist, buf, g) if config.device == "cpu" else _gpu(config, backend, buf, g, t_coll)
     while True:
         with guard.step("interference: setting up the compute partner", 4 * comp_s + 4 * coll_s):
@@ -289,8 +272,7 @@ def slowdowns(result_file) -> dict:
     left out where its alone or concurrent measurement is missing."""
     if isinstance(result_file, str):
         result_file = results.load(result_file)
-    ms = [m for m in result_file.measurements
-          if m.case.kind == "interference" and m.status == "ok" and m.case.op != after_compute.OP]
+    ms = [m for m in result_file.measurements if m.case.kind == "interference" and m.status == "ok"]
 
     def ident(c):
         return (c.op, c.backend, c.device, c.dtype, c.nbytes, c.group_size, c.params.get("work"))
@@ -337,7 +319,7 @@ def cli(a, argv) -> int:
     settings = TimingSettings(warmup=a.warmup, iters=a.iters, max_iters=a.max_iters,
                                      time_budget_s=a.time_budget, target_ci=a.target_ci)
     probe = dict(nbytes=parse_size(a.nbytes), sms=parse_sms(a.sms), gemm_size=a.gemm_size, timing=settings,
-                 timeout_s=a.timeout, gap_s=a.gap)
+                 timeout_s=a.timeout)
     InterferenceConfig(device="cuda" if a.sms else "cpu", **probe)      # bad flags fail before torch loads
     device = a.device
     if device != "cpu":
@@ -371,19 +353,15 @@ def cli(a, argv) -> int:
     if result is None:
         return 0
     wrong = sum(m.num_wrong for m in result.measurements)
-    delta = after_compute.penalty_s(result.measurements)
     if a.json:
         print(json.dumps(dict(result.to_json(), slowdowns=[
             {"num_sms": k.num_sms, "compute": k.compute, "collective": k.collective, **v}
-            for k, v in slowdowns(result).items()], after_compute_s=delta)))
+            for k, v in slowdowns(result).items()])))
     elif not a.quiet:
         for k, v in slowdowns(result).items():
             sms = f"{k.num_sms} SMs: " if k.num_sms else ""
             print(f"{sms}{k.compute} x {k.collective}: compute {v.get('compute', math.nan):.3f}x, "
                   f"collective {v.get('collective', math.nan):.3f}x slower together")
-        if delta is not None:
-            print(f"all_reduce of {after_compute.NBYTES} B right after compute: {delta * 1e6:.1f} us more per call "
-                  f"than back to back (mean)")
         print(f"results: {result.path}")
     if wrong:
         print(f"commbench: {wrong} wrong result element(s); see #wrong in {result.path}", file=sys.stderr)

@@ -30,11 +30,6 @@ Composition, for each pipeline stage (every rank of a stage does the same):
    - with interference factors (compute --interference), a collective that runs
      under compute takes comm_slowdown times longer and slows the compute it
      overlaps by (compute_slowdown - 1) x the overlap.
-   The after-compute penalty delta (after_compute.py, measured by compute
-   --interference; 0 otherwise) is added to every synchronisation point that
-   follows compute: each TP collective, each p2p transfer, each gating
-   all-gather, the last gradient reduction of the step (the earlier ones run
-   beside compute), and once to each once-per-step chain below.
 4. After the pipeline and the DP tail: once-per-step collectives (ZeRO-1
    parameter broadcasts / all-gathers, one after another as a stream or gloo's
    queue runs them; the tied-embedding all-reduce; the sequence-parallel
@@ -110,18 +105,6 @@ class Times:
 
     def measured(self, op) -> bool:
         return op in self.matched
-
-    @property
-    def after_compute_s(self) -> float:
-        """delta of after_compute.py: what a collective issued right after compute
-        costs over its back-to-back time (0 unless measured)."""
-        d = float(self.interference.get("after_compute_s") or 0.0)
-        if d > 0:
-            self.notes.setdefault(("after-compute",), f"each collective that follows compute on the critical path "
-                                  f"(TP, p2p, gating all-gathers, the step's last reduction, each once-per-step "
-                                  f"chain) costs {d * 1e6:.1f} us more than back "
-                                  f"to back (measured, compute --interference)")
-        return d
 
     def has_band(self) -> bool:
         """Whether the low and high bounds can differ from the central time (False
@@ -207,32 +190,27 @@ def stage_times(workload_ops, comm_ops, par, times: Times, bound: str) -> list:
             else:
                 st.bwd_s += t * op.count / m
                 st.layer_bwd_s += t * op.count / m if layered else 0.0
-    delta = times.after_compute_s if comm_ops else 0.0
     for c in comm_ops:
         st = out[c.stage]
         if c.axis == "tp":
             t = times.comm_op(c, bound)
             if c.phase == "step":
-                st.tp_step_s += t * c.count + delta        # a chain after the backward: delta once
+                st.tp_step_s += t * c.count
             elif c.phase == "fwd":
-                st.tp_fwd_s += (t + delta) * c.count / m   # each call sits between GEMMs
+                st.tp_fwd_s += t * c.count / m
             else:
-                st.tp_bwd_s += (t + delta) * c.count / m
+                st.tp_bwd_s += t * c.count / m
         elif c.axis == "pp" and c.phase == "step":
-            st.pp_step_s += times.comm_op(c, bound) * c.count + delta
+            st.pp_step_s += times.comm_op(c, bound) * c.count
     # once-per-step DP collectives (ZeRO-1's parameter broadcasts or all-gather):
     # torch's ZeroRedundancyOptimizer issues one broadcast per parameter, async,
     # and waits for all; they are not coalesced, so each runs (and pays its
     # latency) in turn, as NCCL runs the kernels of one stream and gloo its work
     # queue (benchmarks/zero1_broadcasts.py: tiny-gpt's 68 take 16-20 ms async
     # on 2 gloo ranks, one broadcast of their total bytes 0.3 ms)
-    chained = set()
     for c in comm_ops:
         if c.axis == "dp" and c.phase == "step":
             out[c.stage].dp_step_s += times.comm_op(c, bound) * c.count
-            if c.stage not in chained:          # the chain follows the optimizer: delta once
-                out[c.stage].dp_step_s += delta
-                chained.add(c.stage)
     return out
 
 
@@ -264,13 +242,12 @@ def p2p_times(comm_ops, par, times: Times, bound: str):
         return 0.0
     nbytes, dtype = max(c.nbytes for c in sends), sends[0].dtype
     cache = {}
-    delta = times.after_compute_s          # each transfer follows its chunk's compute
 
     def at(k):
         a, b = par.rank_of(k % par.pp, 0, 0), par.rank_of((k + 1) % par.pp, 0, 0)
         nodes = 1 if par.node_of(a) == par.node_of(b) else 2
         if nodes not in cache:
-            cache[nodes] = times.comm("send_recv", nbytes, 2, nodes, dtype, bound) + delta
+            cache[nodes] = times.comm("send_recv", nbytes, 2, nodes, dtype, bound)
         return cache[nodes]
     return at
 
@@ -314,9 +291,6 @@ def dp_calls(dp_ops, par, timeline, times: Times, bound: str) -> list:
         if phase in plan and (plan[phase][1] or op.microbatch == m - 1):
             intervals.setdefault((phase, op.microbatch), []).append((op.start_s, op.end_s))
     calls = []
-    # the after-compute penalty: on a gating all-gather, which compute waits for;
-    # a gradient reduction runs beside compute and pays it only as the last call
-    delta = times.after_compute_s if plan else 0.0
     for phase in ("fwd", "bwd"):
         if phase not in plan:
             continue
@@ -329,8 +303,8 @@ def dp_calls(dp_ops, par, timeline, times: Times, bound: str) -> list:
                 continue
             done = 0.0
             for c, k, only in (per_mb if j == m - 1 else every_mb):
+                dur = times.comm_op(c, bound)
                 gating = c.collective in GATHERS
-                dur = times.comm_op(c, bound) + (delta if gating else 0.0)
                 if k == 1:
                     before, done = done, done + c.nbytes / total_single
                     fr = [(before, done)]
@@ -343,9 +317,6 @@ def dp_calls(dp_ops, par, timeline, times: Times, bound: str) -> list:
                     else:           # its gradients are complete at the end of its part
                         calls.append(Call(_spread(ivs, f1), dur, None))
     calls.sort(key=lambda c: c.ready_s)
-    last = [i for i, c in enumerate(calls) if c.deadline_s is None]
-    if last and delta:
-        calls[last[-1]] = replace(calls[last[-1]], duration_s=calls[last[-1]].duration_s + delta)
     return calls
 
 
@@ -538,9 +509,7 @@ def interference_factors(path_or_file) -> dict:
         raise ValueError(f"{rf.path}: no interference measurements (commbench compute --interference writes them)")
     key = max(pairs, key=lambda p: (p.num_sms or 0))
     f = pairs[key]
-    from commbench import after_compute
-    return {"compute": max(1.0, f.get("compute", 1.0)), "comm": max(1.0, f.get("collective", 1.0)),
-            "after_compute_s": after_compute.penalty_s(rf.measurements) or 0.0}
+    return {"compute": max(1.0, f.get("compute", 1.0)), "comm": max(1.0, f.get("collective", 1.0))}
 
 
 def load_times(comm_paths=(), compute_paths=(), system=None, interference_path=None, backend=None):

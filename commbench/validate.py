@@ -58,12 +58,9 @@ def run_on_rank(model, par, info, device, steps, warmup, out_dir, argv, overwrit
                                 extra_settings={"plan": {"model": model.to_dict(), "parallelism": workload.parallelism}})
         inter_rf = None
         if par.world > 1:
-            from commbench import after_compute, interference
-            # the after-compute penalty at this plan's own compute between collective calls
-            gap = after_compute.plan_gap_s(workload, compute_rf, device) if info.rank == 0 else None
-            gap = min(10.0, max(1e-5, backend.control_bcast(gap) or 1e-3))
+            from commbench import interference
             inter_rf = interference.run(interference.InterferenceConfig(device=device, timing=compute_timing,
-                                                                        timeout_s=timeout_s, gap_s=gap),
+                                                                        timeout_s=timeout_s),
                                         info, argv, inter_path, overwrite, backend=backend)
         measured = train_guarded(backend, info, workload, model, par, steps, warmup, device, tp_impl, out_dir,
                                  timeout_s)

@@ -4,7 +4,7 @@ import statistics
 
 import pytest
 
-from commbench import after_compute, interference, predict, results
+from commbench import interference, results
 from commbench.interference import InterferenceConfig, Pair
 from commbench.results import Case, Measurement, ResultFile
 from conftest import commbench
@@ -21,8 +21,7 @@ def test_config_rejects_bad_values():
         interference.parse_sms("8,lots")
 
 
-@pytest.mark.parametrize("args", [["--sms", "8", "--device", "cpu"], ["--nbytes", "3"], ["--nbytes", "4X"],
-                                  ["--gap", "0"], ["--gap", "-1"], ["--gap", "nan"]])
+@pytest.mark.parametrize("args", [["--sms", "8", "--device", "cpu"], ["--nbytes", "3"], ["--nbytes", "4X"]])
 def test_cli_bad_input_is_one_line(args, capsys):
     from commbench.cli import main
     assert main(["compute", "--interference", *args]) == 2
@@ -35,19 +34,6 @@ def _m(op, concurrent, samples, work, partner=None, num_sms=None):
                 group_size=2, num_nodes=1, axis="world", in_place=False,
                 params={"concurrent": concurrent, "num_sms": num_sms, "partner": partner, "work": work})
     return Measurement(case=case, samples_s=samples)
-
-
-def test_after_compute_penalty_from_means():
-    def m(pos, samples, status="ok"):
-        case = Case(kind="interference", op="after_compute", backend="torch-gloo", device="cpu", dtype="float32",
-                    nbytes=16384, group_size=2, num_nodes=1, axis="world", in_place=False,
-                    params={"position": pos, "compute": None})
-        return Measurement(case=case, samples_s=samples, status=status)
-    assert after_compute.penalty_s([m("back_to_back", [1.0, 3.0]), m("after_compute", [2.0, 6.0])]) == 2.0
-    # never negative; missing either half: None
-    assert after_compute.penalty_s([m("back_to_back", [5.0]), m("after_compute", [2.0])]) == 0.0
-    assert after_compute.penalty_s([m("back_to_back", [5.0])]) is None
-    assert after_compute.penalty_s([m("back_to_back", [1.0]), m("after_compute", [], "skipped")]) is None
 
 
 def test_slowdowns_pair_alone_and_concurrent():
@@ -68,24 +54,14 @@ def test_slowdowns_pair_alone_and_concurrent():
 def test_cpu_interference_end_to_end(tmp_path):
     out = tmp_path / "i.jsonl"
     p = commbench("compute", "--interference", "--device", "cpu", "--nprocs", "2", "--nbytes", "256K",
-                  "--gemm-size", "128", "--gap", "0.002", "-n", "6", "-w", "1", "--target-ci", "0", "-q", "--out", out,
+                  "--gemm-size", "128", "-n", "6", "-w", "1", "--target-ci", "0", "-q", "--out", out,
                   cwd=tmp_path, timeout=180)
     assert p.returncode == 0, p.stderr
     rf = results.load(str(out))
     assert rf.header["settings"]["interference"] is True
-    after = [m for m in rf.measurements if m.case.op == "after_compute"]
-    ms = [m for m in rf.measurements if m.case.op != "after_compute"]
+    ms = rf.measurements
     assert sorted((m.case.op, m.case.params["concurrent"]) for m in ms) == [
         ("collective", False), ("collective", True), ("compute", False), ("compute", True)]
-    # the after-compute penalty: a 16 KiB all_reduce back to back and after about --gap of compute
-    assert [m.case.params["position"] for m in after] == ["back_to_back", "after_compute"]
-    for m in after:
-        assert (m.case.nbytes, m.case.group_size, m.num_wrong, m.iters) == (16 << 10, 2, 0, 6)
-    assert "torch.mm 128x128x128" in after[1].case.params["compute"]
-    delta = max(0.0, statistics.mean(after[1].samples_s) - statistics.mean(after[0].samples_s))
-    assert after_compute.penalty_s(rf.measurements) == pytest.approx(delta, rel=1e-12)
-    assert predict.interference_factors(rf)["after_compute_s"] == pytest.approx(delta, rel=1e-12)
-    assert rf.header["settings"]["gap_s"] == 0.002
     by = {(m.case.op, m.case.params["concurrent"]): m for m in ms}
     for m in ms:
         c = m.case

@@ -162,52 +162,6 @@ def test_interference_slows_overlapped_comm_and_compute():
     assert sb.step_time_s == pytest.approx(33.25)
 
 
-def test_after_compute_penalty_on_every_synchronisation_point():
-    """delta = 0.1 on each TP call (2 + 2 per micro-batch), once on the TP chain of
-    the step, on the step's last gradient reduction only (the first runs beside
-    compute), and on each gating all-gather."""
-    d = 0.1
-    par = Parallelism(world=2, gpus_per_node=2, tp=2, global_batch=2, micro_batch=1)
-    tp = [CommOp("all_reduce", "tp", 2, 1, 64, 2 * 2, "fwd", label="tp fwd"),
-          CommOp("all_reduce", "tp", 2, 1, 64, 2 * 2, "bwd", label="tp bwd"),
-          CommOp("all_reduce", "tp", 2, 1, 64, 1, "step", label="tp once")]
-    w = workload(par, layer_ops(2) + [adam()], tp)
-    table = {"layer fwd": 3.0, "layer bwd": 6.0, "adam": 1.0}
-    sb = predict.predict(w, par, TableTimes(table, {"tp fwd": 0.5, "tp bwd": 0.25, "tp once": 2.0},
-                                            interference={"after_compute_s": d}))
-    assert sb.step_time_s == pytest.approx(2 * (4 + 6.5) + 2 + 1 + 8 * d + d)
-    assert sb.breakdown["tp_exposed_s"] == pytest.approx(2 * (1 + 0.5) + 2 + 9 * d)
-    assert any("more than back to back" in n for n in sb.notes)
-    # DP: first bucket 25..29 hidden (no delta); the last, ready at 30, takes 2 + delta
-    par = Parallelism(world=2, gpus_per_node=2)
-    w = workload(par, layer_ops(1) + [adam()], [dp_op("first", 300), dp_op("last", 100)])
-    sb = predict.predict(w, par, TableTimes({"layer fwd": 10.0, "layer bwd": 20.0, "adam": 0.0},
-                                            {"first": 4, "last": 2}, interference={"after_compute_s": d}))
-    assert sb.step_time_s == pytest.approx(32 + d)
-    assert sb.breakdown["hidden_comm_s"] == pytest.approx(4)
-    # ZeRO-3: the first gather (0.5 + delta) holds compute; the others (0.6 each) still arrive in time
-    par = Parallelism(world=2, gpus_per_node=2, zero=3)
-    w = workload(par, layer_ops(1) + [adam()], [dp_op("gather", 100, coll="all_gather", count=4, phase="fwd")])
-    sb = predict.predict(w, par, TableTimes({"layer fwd": 4.0, "layer bwd": 8.0, "adam": 0.0}, {"gather": 0.5},
-                                            interference={"after_compute_s": d}))
-    assert sb.step_time_s == pytest.approx(12.5 + d)
-    # without the measurement nothing changes
-    sb = predict.predict(w, par, TableTimes({"layer fwd": 4.0, "layer bwd": 8.0, "adam": 0.0}, {"gather": 0.5}))
-    assert sb.step_time_s == pytest.approx(12.5) and not sb.notes
-
-
-def test_after_compute_penalty_in_pipeline_p2p():
-    pp, m, d = 2, 1, 0.05
-    par = Parallelism(world=pp, gpus_per_node=pp, pp=pp, global_batch=m)
-    comm = [CommOp("send_recv", "pp", 2, 1, 10, 1, "fwd", label="s", stage=0, peer=1, direction="send")]
-    w = workload(par, layer_ops(m) + [adam(0), adam(1)], comm)
-    sb = predict.predict(w, par, TableTimes({"layer fwd": 1.0, "layer bwd": 2.0, "adam": 0.0},
-                                            {"send_recv": 0.5}, interference={"after_compute_s": d}))
-    # as without delta (7.0), each of the two transfers 0.5 + d
-    assert sb.step_time_s == pytest.approx(7.0 + 2 * d)
-    assert sb.breakdown["pp_exposed_s"] == pytest.approx(1.0 + 2 * d)
-
-
 def test_band_and_model_flops():
     par = Parallelism(world=2, gpus_per_node=2)
     w = workload(par, layer_ops(1, flops=3e12) + [adam()], [dp_op("b1", 100)])
