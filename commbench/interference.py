@@ -165,6 +165,8 @@ def run(config: InterferenceConfig, info, argv, out_path, overwrite=False, on_me
                     "warmup": t.warmup, "iters": t.iters, "max_iters": t.max_iters,
                     "time_budget_s": t.time_budget_s, "target_ci": t.target_ci, "timeout_s": config.timeout_s}
         header = env.header(info, ranks, argv, run_id, created, settings)
+        from commbench import rankcheck
+        rankcheck.check_same(backend, settings)      # ranks started with other flags or versions are refused
         writer = results.open_on_rank0(backend.rank, backend.control_bcast, out_path, header, overwrite)
         result = ResultFile(header=header, measurements=[], path=out_path)
 

@@ -32,6 +32,11 @@ def _both(*fs):
 
 # id: (argv, setup(dir) or None, text the line must contain)
 CASES = {
+    # timeouts of the other multi-rank verbs
+    "compute-timeout-0": (["compute", *PLAN, "--timeout", "0"], None, "--timeout"),
+    "compute-timeout-inf": (["compute", *PLAN, "--timeout", "inf"], None, "--timeout"),
+    "validate-timeout-negative": (["validate", "--model", "tiny-gpt", "--timeout", "-1"], None, "--timeout"),
+    "interference-timeout-0": (["compute", "--interference", "--timeout", "0"], None, "--timeout"),
     # run
     "run-timeout-0": (["run", "--device", "cpu", "--timeout", "0"], None, "--timeout"),
     "run-timeout-negative": (["run", "--device", "cpu", "--timeout", "-5"], None, "--timeout"),
