@@ -102,6 +102,8 @@ class Progress:
 
     def __init__(self, run_id: str, rank: int, world_size: int, hosts: list, host: str):
         self.rank, self.world_size, self.hosts, self.host = rank, world_size, hosts, host
+        if rank == min(r for r in range(world_size) if hosts[r] == host):
+            remove_stale(tempfile.gettempdir())
         self.dir = os.path.join(tempfile.gettempdir(), f"commbench-{run_id}")
         os.makedirs(self.dir, exist_ok=True)
         self.pos, self.state = (-1, 0), "running"
@@ -167,6 +169,35 @@ class Progress:
             os.rmdir(self.dir)      # the last rank out removes the directory
         except OSError:
             pass
+
+
+def remove_stale(tmp: str, min_age_s: float = 60.0):
+    """Remove the progress directories of runs that ended without removing
+    their own (a rank that timed out or was killed exits at once): older than
+    min_age_s, and every rank's process in them gone."""
+    now = time.time()
+    try:
+        names = [n for n in os.listdir(tmp) if re.fullmatch(r"commbench-[0-9a-f]{12}", n)]
+    except OSError:
+        return
+    for name in names:
+        d = os.path.join(tmp, name)
+        try:
+            if now - os.stat(d).st_mtime < min_age_s:
+                continue
+            files = os.listdir(d)
+            pids = []
+            for f in files:
+                if f.endswith(".json"):
+                    with open(os.path.join(d, f)) as fh:
+                        pids.append(int(json.load(fh).get("pid", -1)))
+            if any(_alive(p) for p in pids):
+                continue
+            for f in files:
+                os.unlink(os.path.join(d, f))
+            os.rmdir(d)
+        except (OSError, ValueError, AttributeError):
+            continue            # another rank removed it first, or not ours to judge
 
 
 def _ranks(rs) -> str:

@@ -266,6 +266,26 @@ def test_too_big_a_sweep_is_refused_with_the_numbers(tmp_path):
     assert not (tmp_path / "results").exists()
 
 
+def test_stale_progress_directories_are_removed(tmp_path):
+    """Ranks that exit with 124 (or are killed) leave their progress directory;
+    the next run on the host removes those whose processes are all gone."""
+    def make(name, pids, age_s):
+        d = tmp_path / name
+        d.mkdir()
+        for r, pid in enumerate(pids):
+            (d / f"rank{r}.json").write_text(json.dumps({"pid": pid, "pos": [1, 1], "state": "timeout"}))
+        os.utime(d, (time.time() - age_s, time.time() - age_s))
+        return d
+    dead = subprocess.run([PY, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)
+    gone = make("commbench-aaaaaaaaaaaa", [dead_pid, dead_pid], 120)
+    alive = make("commbench-bbbbbbbbbbbb", [dead_pid, os.getpid()], 120)
+    young = make("commbench-cccccccccccc", [dead_pid], 5)
+    other = make("commbench-not-ours", [dead_pid], 120)
+    watchdog.remove_stale(str(tmp_path))
+    assert not gone.exists() and alive.exists() and young.exists() and other.exists()
+
+
 def test_memcheck_numbers():
     need_h, need_d, what = memcheck.largest([("all_reduce", "float32", 1000, 1000)], "cpu", True)
     assert need_d == 0 and need_h == 8000 + 16 * 1000 + 16 * 1000 and "all_reduce" in what
