@@ -27,6 +27,10 @@ Composition, for each pipeline stage (every rank of a stage does the same):
      one unit ahead (issued when the previous unit starts) and gate their own
      unit: compute waits for an all-gather that has not arrived, and that wait
      is exposed (FSDP's first all-gather of a forward is therefore always exposed);
+     on a CPU device the forward's gathers are not ahead: FSDP2 issues a unit's
+     gather at its pre-forward, which a GPU's host reaches while the previous
+     unit's kernels still run, but a CPU only once they are done (backward
+     gathers are prefetched explicitly, on both);
    - with interference factors (compute --interference), a collective that runs
      under compute takes comm_slowdown times longer and slows the compute it
      overlaps by (compute_slowdown - 1) x the overlap.
@@ -102,6 +106,9 @@ class Times:
         self.comm_model, self.matched, self.spec = comm_model, matched or {}, spec
         self.interference = interference or {}
         self.notes = {}
+        # whether the host issues work ahead of the device that runs it (a GPU's
+        # stream): a CPU "device" runs each op as the host reaches it
+        self.host_runs_ahead = True
 
     def measured(self, op) -> bool:
         return op in self.matched
@@ -160,6 +167,7 @@ def granularity(ops, times: Times, stage: int | None = None) -> list:
     stage as one module where both its passes were measured; else per layer and
     head as modules where all of theirs were; else kernel by kernel (measured,
     or from a SystemSpec)."""
+    ops = [op for op in ops if op.scope != "framework"]     # a cost on top (framework_overhead), not a granularity
     if stage is not None:
         ops = [op for op in ops if op.stage in (-1, stage)]
         whole = [op for op in ops if op.scope == "stage_module"]
@@ -171,6 +179,28 @@ def granularity(ops, times: Times, stage: int | None = None) -> list:
         mods = [op for op in ops if op.scope == module_scope]
         skip.add(kernel_scope if mods and all(times.measured(op) for op in mods) else module_scope)
     return [op for op in ops if op.scope not in skip]
+
+
+def framework_overhead(ops, times: Times, stage: int, bound: str):
+    """(seconds per step over the micro-batches, seconds per optimizer step) that
+    the data-parallel framework adds on one of the stage's ranks: its wrapped
+    timings less the bare ones (compute/framework.py), each at least 0; None
+    where they were not all measured (a SystemSpec has no framework cost)."""
+    mine = [op for op in ops if op.scope == "framework" and op.stage == stage]
+    if not mine or not all(times.measured(op) for op in mine):
+        return None
+
+    def net(impl):
+        wrapped = bare = 0.0
+        for op in mine:
+            if op.impl == impl:
+                t = times.compute(op, bound) * op.count
+                if dict(op.params)["wrapper"] == "none":
+                    bare += t
+                else:
+                    wrapped += t
+        return max(0.0, wrapped - bare)
+    return net("dp_microbatch"), net("dp_optimizer")
 
 
 def stage_times(workload_ops, comm_ops, par, times: Times, bound: str) -> list:
@@ -190,6 +220,19 @@ def stage_times(workload_ops, comm_ops, par, times: Times, bound: str) -> list:
             else:
                 st.bwd_s += t * op.count / m
                 st.layer_bwd_s += t * op.count / m if layered else 0.0
+        over = framework_overhead(workload_ops, times, s, bound)
+        if over is not None:
+            # spread over the micro-batch's forward and backward in proportion
+            # to their compute (FSDP's hooks and copies sit at every unit)
+            per_mb, step = over[0] / m, over[1]
+            if st.fwd_s + st.bwd_s > 0:
+                f = 1.0 + per_mb / (st.fwd_s + st.bwd_s)
+                st.fwd_s, st.bwd_s, st.layer_fwd_s, st.layer_bwd_s = (
+                    st.fwd_s * f, st.bwd_s * f, st.layer_fwd_s * f, st.layer_bwd_s * f)
+            st.optimizer_s += step
+            times.notes.setdefault(("framework", s), f"stage {s}: the data-parallel framework's own work, measured "
+                                   f"on one rank, adds {over[0] * 1e3:.3f} ms to its micro-batches and "
+                                   f"{step * 1e3:.3f} ms to its optimizer step (in compute and optimizer)")
     for c in comm_ops:
         st = out[c.stage]
         if c.axis == "tp":
@@ -310,9 +353,14 @@ def dp_calls(dp_ops, par, timeline, times: Times, bound: str) -> list:
                     fr = [(before, done)]
                 else:
                     fr = [(i / k, (i + 1) / k) for i in range(k)]
+                # FSDP2 prefetches backward gathers explicitly, one unit ahead; in
+                # forward it issues a unit's gather at the unit's pre-forward,
+                # which on a GPU the host reaches while the unit before still
+                # computes, on a CPU only when it is done
+                ahead = phase == "bwd" or times.host_runs_ahead
                 for i, (f0, f1) in enumerate(fr):
                     if gating:      # prefetched when the unit before starts; its unit starts at f0
-                        prev = fr[i - 1][0] if i > 0 else f0
+                        prev = fr[i - 1][0] if i > 0 and ahead else f0
                         calls.append(Call(_spread(ivs, prev), dur, _spread(ivs, f0)))
                     else:           # its gradients are complete at the end of its part
                         calls.append(Call(_spread(ivs, f1), dur, None))
@@ -459,6 +507,7 @@ class MeasuredTimes(Times):
     def __init__(self, comm_model, compute_files=(), spec=None, interference=None, device=None):
         super().__init__(comm_model, spec=spec, interference=interference)
         self.compute_files, self.device = list(compute_files), device
+        self.host_runs_ahead = device != "cpu"
         self._adam = [m for rf in self.compute_files for m in rf.measurements
                       if m.case.kind == "compute" and m.case.op == "adam" and m.status == "ok"]
 

@@ -44,6 +44,10 @@ class CachedTimes:
     def notes(self):
         return self.inner.notes
 
+    @property
+    def host_runs_ahead(self):
+        return self.inner.host_runs_ahead
+
     def has_band(self) -> bool:
         return self.inner.has_band()
 

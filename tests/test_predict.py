@@ -149,6 +149,24 @@ def test_zero3_first_gather_exposed_rest_prefetched():
     assert sb.breakdown["dp_exposed_s"] == pytest.approx(3.0)
 
 
+def test_zero3_forward_gathers_not_ahead_on_a_cpu_device():
+    """A CPU runs each op as the host reaches it: FSDP2 issues a unit's forward
+    gather at the unit's pre-forward, after the unit before has computed, so
+    each of the 4 gathers of 0.5 holds its unit back in full (2.0 exposed);
+    backward gathers stay prefetched one unit ahead (first one exposed)."""
+    par = Parallelism(world=2, gpus_per_node=2, zero=3)
+    fwd = [dp_op("gather", 100, coll="all_gather", count=4, phase="fwd")]
+    table = {"layer fwd": 4.0, "layer bwd": 8.0, "adam": 0.0}
+    cpu = TableTimes(table, {"gather": 0.5, "bgather": 0.5})
+    cpu.host_runs_ahead = False
+    sb = predict.predict(workload(par, layer_ops(1) + [adam()], fwd), par, cpu)
+    assert sb.breakdown["dp_exposed_s"] == pytest.approx(4 * 0.5)
+    assert sb.step_time_s == pytest.approx(12 + 2.0)
+    bwd = [dp_op("bgather", 100, coll="all_gather", count=4, phase="bwd")]
+    sb = predict.predict(workload(par, layer_ops(1) + [adam()], bwd), par, cpu)
+    assert sb.breakdown["dp_exposed_s"] == pytest.approx(0.5)
+
+
 def test_interference_slows_overlapped_comm_and_compute():
     par = Parallelism(world=2, gpus_per_node=2)
     w = workload(par, layer_ops(1) + [adam()], [dp_op("first", 300), dp_op("last", 100)])

@@ -5,5 +5,6 @@ when timing, as they import torch)."""
 
 def kernels() -> dict:
     """impl name -> prepare(op, device, torch dtype) -> a callable running one call."""
-    from commbench.compute import attention, elementwise, gemm, modules, optimizer
-    return {**gemm.PREPARE, **attention.PREPARE, **elementwise.PREPARE, **optimizer.PREPARE, **modules.PREPARE}
+    from commbench.compute import attention, elementwise, framework, gemm, modules, optimizer
+    return {**gemm.PREPARE, **attention.PREPARE, **elementwise.PREPARE, **optimizer.PREPARE, **modules.PREPARE,
+            **framework.PREPARE}

@@ -57,7 +57,8 @@ class LocalStage(nn.Module):
         return self.head(x, target) if self.last else x
 
 
-def _build(op, device, dtype):
+def build(op, device, dtype):
+    """The module an op times, at dtype, and its inputs (seeded)."""
     p = _params(op)
     torch.manual_seed(0)
     g = torch.Generator(device="cpu").manual_seed(0)
@@ -77,7 +78,7 @@ def _build(op, device, dtype):
 
 
 def prepare(op, device, dtype):
-    module, inputs = _build(op, device, dtype)
+    module, inputs = build(op, device, dtype)
     if op.impl.endswith("fwd"):
         return lambda: module(*inputs)
     out = module(*inputs)

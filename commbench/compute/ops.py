@@ -284,12 +284,55 @@ def module_ops(model: ModelSpec, par: Parallelism, count_layers: int, count_head
     return ops
 
 
+def framework_ops(model: ModelSpec, par: Parallelism) -> list:
+    """The data-parallel framework's own work on a rank, per stage, timed on one
+    rank bare and wrapped (compute/framework.py; kind 'other', scope
+    'framework'): a micro-batch's forward and backward (phase 'fwd+bwd') under
+    the plan's wrapper (DDP: the last micro-batch of a step synchronises, the
+    others run under no_sync; ZeRO-2/3: FSDP2 on every micro-batch) and the bare
+    stage as often; the optimizer step (ZeRO-1: ZeroRedundancyOptimizer;
+    ZeRO-2/3: Adam over FSDP2's shards) and bare Adam. Without data parallelism
+    there is no wrapper: no ops. The predictor uses them only where measured:
+    a SystemSpec has no framework cost."""
+    if par.dp == 1:
+        return []
+    m = par.num_microbatches
+    wrapped = {0: [("ddp", 1), ("ddp_no_sync", m - 1)], 1: [("ddp", 1), ("ddp_no_sync", m - 1)],
+               2: [("fsdp", m)], 3: [("fsdp_reshard", m)]}[par.zero]
+    optimizer = {1: "zero1", 2: "fsdp", 3: "fsdp"}.get(par.zero)
+    layers = model.num_layers // par.pp
+    layer = layer_ops(model, replace(par, recompute="none"), 1)
+    t = par.tp
+    ops = []
+    for stage in range(par.pp):
+        sp = {"arch": model.arch, "hidden": model.hidden, "tokens": par.micro_batch * par.seq_for(model),
+              "micro_batch": par.micro_batch, "seq": par.seq_for(model), "heads": model.heads // t,
+              "kv_heads": max(1, model.kv_heads // t), "head_dim": model.head_dim, "ffn": model.ffn_hidden // t,
+              "vocab": -(-model.vocab // t), "layers": layers, "first": stage == 0, "last": stage == par.pp - 1,
+              "dtype": par.dtype, "grad_dtype": par.grad_dtype, "bucket_mb": par.bucket_mb}
+
+        work = layer * layers + (embedding_ops(model, par, 1) if stage == 0 else []) + \
+            (head_ops(model, par, 1) if stage == par.pp - 1 else [])
+        adam = next(o for o in optimizer_ops(model, replace(par, zero=0)) if o.stage == stage)
+
+        def op(name, impl, wrapper, count, phase, like):
+            return ComputeOp(name=f"stage {stage} {name} ({wrapper})", kind="other", m=sp["tokens"], n=model.hidden,
+                             flops=float(sum(o.flops for o in like)), nbytes=sum(o.nbytes for o in like),
+                             count=count, phase=phase, dtype=par.dtype, impl=impl, stage=stage, scope="framework",
+                             params=tuple(sorted(dict(sp, wrapper=wrapper).items())))
+        ops += [op("micro-batch", "dp_microbatch", w, c, "fwd+bwd", work) for w, c in wrapped + [("none", m)] if c > 0]
+        if optimizer:
+            ops += [op("optimizer step", "dp_optimizer", w, 1, "step", [adam]) for w in (optimizer, "none")]
+    return ops
+
+
 def compute_ops(model: ModelSpec, par: Parallelism) -> list:
     """Every ComputeOp of one optimizer step, per rank: the layer ops (stage -1:
     every stage runs L/pp layers), stage 0's embedding, the last stage's head,
-    each stage's optimizer step, and the layer and head again as whole modules
-    (an alternative granularity, not extra work). Counts are per optimizer step."""
+    each stage's optimizer step, the layer and head again as whole modules
+    (an alternative granularity, not extra work), and the data-parallel
+    framework's own work (framework_ops). Counts are per optimizer step."""
     m = par.num_microbatches
     layers = model.num_layers // par.pp
     return (layer_ops(model, par, layers * m) + embedding_ops(model, par, m) + head_ops(model, par, m)
-            + optimizer_ops(model, par) + module_ops(model, par, layers * m, m))
+            + optimizer_ops(model, par) + module_ops(model, par, layers * m, m) + framework_ops(model, par))

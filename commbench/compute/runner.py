@@ -179,6 +179,9 @@ def run(workload_ops, launch, device, settings, out_path, overwrite, argv, flush
         writer = results.open_on_rank0(backend.rank, backend.control_bcast, out_path, header, overwrite)
         timer = FlushingTimer(backend, torch, device) if flush_l2 else backend
         todo = distinct_cases(workload_ops, device, "torch", backend.world_size)
+        from commbench.compute import framework
+        if framework.needs_solo_group(op for _, op in todo):
+            framework.solo_group()      # collective: every rank, before any framework op is set up
         result = ResultFile(header=header, measurements=[], path=out_path)
         if reporter and backend.rank == 0:
             reporter.start(len(todo))

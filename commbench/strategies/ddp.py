@@ -53,7 +53,11 @@ DEFAULT_FIRST_BUCKET_BYTES = 1 * MIB   # torch.distributed._DEFAULT_FIRST_BUCKET
 def ddp_kwargs(par: Parallelism) -> dict:
     """DistributedDataParallel keyword arguments that make torch bucket as
     comm_ops assumes: bucket_mb == 25 is torch's default (bucket_cap_mb=None)."""
-    return {"bucket_cap_mb": None if par.bucket_mb == DEFAULT_BUCKET_CAP_MB else par.bucket_mb}
+    return bucket_kwargs(par.bucket_mb)
+
+
+def bucket_kwargs(bucket_mb: float) -> dict:
+    return {"bucket_cap_mb": None if bucket_mb == DEFAULT_BUCKET_CAP_MB else bucket_mb}
 
 
 def bucket_limits(par: Parallelism) -> tuple[int, int]:

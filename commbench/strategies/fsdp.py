@@ -211,10 +211,13 @@ def comm_ops(model: ModelSpec, par: Parallelism, *, reshard_after_forward: bool 
 def apply_fully_shard(module, mesh, reshard_after_forward: bool = True,
                       root_reshard_after_forward: bool | None = None, mp_policy=None):
     """The unit structure comm_ops assumes, on a torch_model.Transformer (or a
-    pipeline stage of one): fully_shard every block, then the root."""
+    pipeline stage of one, or compute.modules.LocalStage): fully_shard every
+    block, then the root."""
+    from torch import nn
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     kw = {"mp_policy": mp_policy or MixedPrecisionPolicy()}
-    for block in module.layers.values():
+    layers = module.layers
+    for block in (layers.values() if isinstance(layers, nn.ModuleDict) else layers):
         fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, **kw)
     return fully_shard(module, mesh=mesh, reshard_after_forward=root_reshard_after_forward, **kw)
 

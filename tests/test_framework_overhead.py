@@ -1,0 +1,118 @@
+"""The data-parallel framework's own cost: which ops a plan times (bare and
+wrapped, with the counts a step runs them), how the predictor adds wrapped -
+bare to the stage (hand-computed), that unmeasured framework ops change
+nothing, and real timings of the wrappers on two gloo ranks."""
+import pytest
+
+from commbench import models, predict
+from commbench.compute import ops as compute_ops
+from commbench.parallel import Parallelism
+from commbench.workload import ComputeOp
+from conftest import commbench
+from test_predict import TableTimes, adam, dp_op, layer_ops, workload
+
+TINY = models.get("tiny-gpt")
+
+
+def _by_wrapper(ops, impl):
+    return {dict(o.params)["wrapper"]: o.count for o in ops if o.impl == impl}
+
+
+@pytest.mark.parametrize("zero,micro,optimizer", [
+    (0, {"ddp": 1, "ddp_no_sync": 3, "none": 4}, {}),
+    (1, {"ddp": 1, "ddp_no_sync": 3, "none": 4}, {"zero1": 1, "none": 1}),
+    (2, {"fsdp": 4, "none": 4}, {"fsdp": 1, "none": 1}),
+    (3, {"fsdp_reshard": 4, "none": 4}, {"fsdp": 1, "none": 1}),
+])
+def test_framework_ops_per_zero_stage(zero, micro, optimizer):
+    # dp 2, global batch 8, micro-batch 1: 4 micro-batches per step
+    ops = compute_ops.framework_ops(TINY, Parallelism(world=2, zero=zero, global_batch=8))
+    assert _by_wrapper(ops, "dp_microbatch") == micro
+    assert _by_wrapper(ops, "dp_optimizer") == optimizer
+    assert all(o.scope == "framework" and o.stage == 0 for o in ops)
+    assert ops and all(o in compute_ops.compute_ops(TINY, Parallelism(world=2, zero=zero, global_batch=8))
+                       for o in ops)
+
+
+def test_framework_ops_one_micro_batch_and_per_stage():
+    # one micro-batch: DDP always synchronises, no no_sync op
+    assert _by_wrapper(compute_ops.framework_ops(TINY, Parallelism(world=2)), "dp_microbatch") == \
+        {"ddp": 1, "none": 1}
+    # no data parallelism, no wrapper
+    assert compute_ops.framework_ops(TINY, Parallelism(world=2, gpus_per_node=2, tp=2)) == []
+    # a pipeline: each stage its own module (first holds the embedding, last the head)
+    ops = compute_ops.framework_ops(TINY, Parallelism(world=4, pp=2, global_batch=8))
+    for stage, first, last in ((0, True, False), (1, False, True)):
+        p = dict(next(o for o in ops if o.stage == stage).params)
+        assert (p["first"], p["last"], p["layers"]) == (first, last, TINY.num_layers // 2)
+
+
+def framework_op(name, impl, wrapper, count, phase="fwd+bwd", stage=0):
+    return ComputeOp(name, "other", count=count, phase=phase, impl=impl, stage=stage, scope="framework",
+                     params=(("wrapper", wrapper),))
+
+
+class MeasuredTable(TableTimes):
+    def measured(self, op):
+        return op.name in self.table_compute
+
+
+def test_overhead_added_to_micro_batches_and_optimizer():
+    # m = 2: forward 10, backward 20 per micro-batch; DDP's synchronised
+    # micro-batch 40, the no_sync one 33, bare 30 each: (40 + 33) - 2 x 30 = 13
+    # per step, 6.5 per micro-batch, split 1:2 over forward and backward;
+    # ZeroRedundancyOptimizer 4 against bare Adam 1.5: 2.5 more on the optimizer
+    par = Parallelism(world=2, gpus_per_node=2, zero=1, global_batch=4)
+    fw = [framework_op("sync", "dp_microbatch", "ddp", 1), framework_op("nosync", "dp_microbatch", "ddp_no_sync", 1),
+          framework_op("bare", "dp_microbatch", "none", 2),
+          framework_op("zopt", "dp_optimizer", "zero1", 1, "step"), framework_op("aopt", "dp_optimizer", "none", 1,
+                                                                                 "step")]
+    table = {"layer fwd": 10.0, "layer bwd": 20.0, "adam": 1.0, "sync": 40.0, "nosync": 33.0, "bare": 30.0,
+             "zopt": 4.0, "aopt": 1.5}
+    w = workload(par, layer_ops(2) + [adam()] + fw, [dp_op("b1", 100)])
+    sb = predict.predict(w, par, MeasuredTable(table, {"b1": 5.0}))
+    # the bucket (5) is issued in the last micro-batch's backward, after all of it: exposed
+    assert sb.breakdown["compute_s"] == pytest.approx(2 * (30 + 6.5))
+    assert sb.breakdown["optimizer_s"] == pytest.approx(1.0 + 2.5)
+    assert sb.step_time_s == pytest.approx(2 * 36.5 + 5 + 3.5)
+    assert any("framework" in n for n in sb.notes)
+    # the same framework ops unmeasured (a SystemSpec, or no compute results for
+    # them) leave the prediction as without them
+    bare = predict.predict(workload(par, layer_ops(2) + [adam()], [dp_op("b1", 100)]), par,
+                           TableTimes(table, {"b1": 5.0}))
+    unmeasured = {k: v for k, v in table.items() if k in ("layer fwd", "layer bwd", "adam")}
+    sb2 = predict.predict(w, par, MeasuredTable(unmeasured, {"b1": 5.0}))
+    assert sb2.step_time_s == pytest.approx(bare.step_time_s) == pytest.approx(2 * 30 + 5 + 1)
+
+
+def test_wrapped_faster_than_bare_counts_as_no_overhead():
+    par = Parallelism(world=2, gpus_per_node=2, zero=3)
+    fw = [framework_op("wrapped", "dp_microbatch", "fsdp_reshard", 1), framework_op("bare", "dp_microbatch", "none", 1)]
+    w = workload(par, layer_ops(1) + [adam()] + fw, [])
+    sb = predict.predict(w, par, MeasuredTable({"layer fwd": 10.0, "layer bwd": 20.0, "adam": 1.0, "wrapped": 29.0,
+                                                "bare": 30.0}, {}))
+    assert sb.step_time_s == pytest.approx(31.0)
+
+
+@pytest.mark.parametrize("flags,wrappers", [
+    (["--zero", "1", "--global-batch", "4"], {("dp_microbatch", "ddp"), ("dp_microbatch", "ddp_no_sync"),
+                                              ("dp_microbatch", "none"), ("dp_optimizer", "zero1"),
+                                              ("dp_optimizer", "none")}),
+    (["--zero", "3", "--global-batch", "4"], {("dp_microbatch", "fsdp_reshard"), ("dp_microbatch", "none"),
+                                              ("dp_optimizer", "fsdp"), ("dp_optimizer", "none")}),
+])
+def test_wrappers_timed_on_two_gloo_ranks(tmp_path, flags, wrappers):
+    from commbench import results
+    out = tmp_path / "c.jsonl"
+    p = commbench("compute", "--model", "tiny-gpt", "--nprocs", "2", "--dtype", "fp32", "-n", "5", "-w", "1",
+                  "--target-ci", "0", "--device", "cpu", "-q", *flags, "--out", out, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    timed = {(m.case.op, m.case.params["wrapper"]): m for m in results.load(str(out)).measurements
+             if m.case.op in ("dp_microbatch", "dp_optimizer")}
+    assert set(timed) == wrappers
+    assert all(m.status == "ok" and len(m.samples_s) == 5 and len(m.rank_time_p50_s) == 2 for m in timed.values())
+    if "--zero" in flags and flags[flags.index("--zero") + 1] == "3":
+        # FSDP2's hooks, flat-buffer copies and DTensor dispatch cost more than
+        # the bare stage's forward and backward (2-3x for tiny-gpt on this CPU)
+        assert timed[("dp_microbatch", "fsdp_reshard")].stats["time_p50_s"] > \
+            timed[("dp_microbatch", "none")].stats["time_p50_s"]
