@@ -190,15 +190,18 @@ def framework_overhead(ops, times: Times, stage: int, bound: str):
     if not mine or not all(times.measured(op) for op in mine):
         return None
 
+    # a difference at a bound: the wrapped time there less the bare one at the
+    # opposite bound, so the band still holds every value in between
+    opposite = {"low": "high", "mid": "mid", "high": "low"}[bound]
+
     def net(impl):
         wrapped = bare = 0.0
         for op in mine:
             if op.impl == impl:
-                t = times.compute(op, bound) * op.count
                 if dict(op.params)["wrapper"] == "none":
-                    bare += t
+                    bare += times.compute(op, opposite) * op.count
                 else:
-                    wrapped += t
+                    wrapped += times.compute(op, bound) * op.count
         return max(0.0, wrapped - bare)
     return net("dp_microbatch"), net("dp_optimizer")
 

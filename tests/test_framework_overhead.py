@@ -85,6 +85,17 @@ def test_overhead_added_to_micro_batches_and_optimizer():
     assert sb2.step_time_s == pytest.approx(bare.step_time_s) == pytest.approx(2 * 30 + 5 + 1)
 
 
+def test_band_takes_the_difference_at_opposite_bounds():
+    # wrapped 40 (38-42), bare 30 (25-35): overhead 10 at mid, 38 - 35 = 3 at
+    # low, 42 - 25 = 17 at high; m = 1, forward 10 and backward 20 (exact)
+    par = Parallelism(world=2, gpus_per_node=2, zero=3)
+    fw = [framework_op("wrapped", "dp_microbatch", "fsdp_reshard", 1), framework_op("bare", "dp_microbatch", "none", 1)]
+    w = workload(par, layer_ops(1) + [adam()] + fw, [])
+    sb = predict.predict(w, par, MeasuredTable({"layer fwd": 10.0, "layer bwd": 20.0, "adam": 1.0,
+                                                "wrapped": (38.0, 40.0, 42.0), "bare": (25.0, 30.0, 35.0)}, {}))
+    assert (sb.step_time_low_s, sb.step_time_s, sb.step_time_high_s) == pytest.approx((34.0, 41.0, 48.0))
+
+
 def test_wrapped_faster_than_bare_counts_as_no_overhead():
     par = Parallelism(world=2, gpus_per_node=2, zero=3)
     fw = [framework_op("wrapped", "dp_microbatch", "fsdp_reshard", 1), framework_op("bare", "dp_microbatch", "none", 1)]
