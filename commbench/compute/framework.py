@@ -41,7 +41,7 @@ def needs_solo_group(ops) -> bool:
 
 def _wrap(module, p, device):
     wrapper = p["wrapper"]
-    if wrapper in ("none",):
+    if wrapper == "none":
         return module
     group = solo_group()
     if wrapper in ("ddp", "ddp_no_sync"):
