@@ -239,6 +239,27 @@ def _module_op(name, impl, kernel_ops, phase, count, scope, stage, params, dtype
                      params=tuple(sorted(params.items())))
 
 
+def _layer_shape(model: ModelSpec, par: Parallelism) -> dict:
+    """A transformer layer at the rank's TP shard, as compute.modules builds it."""
+    t = par.tp
+    return {"arch": model.arch, "hidden": model.hidden, "tokens": par.micro_batch * par.seq_for(model),
+            "micro_batch": par.micro_batch, "seq": par.seq_for(model), "heads": model.heads // t,
+            "kv_heads": max(1, model.kv_heads // t), "head_dim": model.head_dim, "ffn": model.ffn_hidden // t}
+
+
+def _stage_shape(model: ModelSpec, par: Parallelism, stage: int) -> dict:
+    """A pipeline stage at the rank's TP shard (compute.modules.LocalStage)."""
+    return dict(_layer_shape(model, par), vocab=-(-model.vocab // par.tp), layers=model.num_layers // par.pp,
+                first=stage == 0, last=stage == par.pp - 1)
+
+
+def _stage_work(model: ModelSpec, par: Parallelism, stage: int, layer: list) -> list:
+    """The kernels of one micro-batch of a stage: its layers (layer: one layer's
+    ops), the embedding on the first stage, the head on the last."""
+    return layer * (model.num_layers // par.pp) + (embedding_ops(model, par, 1) if stage == 0 else []) + \
+        (head_ops(model, par, 1) if stage == par.pp - 1 else [])
+
+
 def module_ops(model: ModelSpec, par: Parallelism, count_layers: int, count_head: int) -> list:
     """The same work timed a module at a time, as a framework runs it: a
     transformer layer at the rank's TP shard (commbench.compute.modules), the
@@ -247,11 +268,7 @@ def module_ops(model: ModelSpec, par: Parallelism, count_layers: int, count_head
     sum leaves out: launch and autograd overhead, framework glue, fusion, and
     (timed as the slowest rank of each iteration) the ranks' drift over a whole
     micro-batch. The predictor uses the coarsest one measured (predict.py)."""
-    t = par.tp
-    kv_heads = max(1, model.kv_heads // t)
-    common = {"arch": model.arch, "hidden": model.hidden, "tokens": par.micro_batch * par.seq_for(model),
-              "micro_batch": par.micro_batch, "seq": par.seq_for(model), "heads": model.heads // t,
-              "kv_heads": kv_heads, "head_dim": model.head_dim, "ffn": model.ffn_hidden // t}
+    common = _layer_shape(model, par)
     layer = layer_ops(model, replace(par, recompute="none"), 1)
     ops = [_module_op("layer fwd (module)", "layer_fwd", layer, "fwd", count_layers, "layer_module", -1, common,
                       par.dtype),
@@ -263,7 +280,7 @@ def module_ops(model: ModelSpec, par: Parallelism, count_layers: int, count_head
         att = next(op for op in attention_ops(model, par, count_layers) if op.name == "attention fwd (recompute)")
         ops.append(replace(att, scope="layer_module"))
     head = head_ops(model, par, 1)
-    hp = dict(common, vocab=-(-model.vocab // t))
+    hp = dict(common, vocab=-(-model.vocab // par.tp))
     ops += [_module_op("head fwd (module)", "head_fwd", head, "fwd", count_head, "head_module", par.pp - 1, hp,
                        par.dtype),
             _module_op("head bwd (module)", "head_bwd", head, "bwd", count_head, "head_module", par.pp - 1, hp,
@@ -272,11 +289,8 @@ def module_ops(model: ModelSpec, par: Parallelism, count_layers: int, count_head
         # the whole stage as the step calls it, one micro-batch: what the kernel
         # and layer sums leave out between modules is in it too (with recompute,
         # the layer-level ops carry the recomputed forwards instead)
-        layers = model.num_layers // par.pp
         for stage in range(par.pp):
-            sp = dict(hp, layers=layers, first=stage == 0, last=stage == par.pp - 1)
-            work = layer * layers + (embedding_ops(model, par, 1) if stage == 0 else []) + \
-                (head if stage == par.pp - 1 else [])
+            sp, work = _stage_shape(model, par, stage), _stage_work(model, par, stage, layer)
             for phase in ("fwd", "bwd"):
                 op = _module_op(f"stage {stage} {phase} (module)", f"stage_{phase}", work, phase, count_head,
                                 "stage_module", stage, sp, par.dtype)
@@ -300,19 +314,12 @@ def framework_ops(model: ModelSpec, par: Parallelism) -> list:
     wrapped = {0: [("ddp", 1), ("ddp_no_sync", m - 1)], 1: [("ddp", 1), ("ddp_no_sync", m - 1)],
                2: [("fsdp", m)], 3: [("fsdp_reshard", m)]}[par.zero]
     optimizer = {1: "zero1", 2: "fsdp", 3: "fsdp"}.get(par.zero)
-    layers = model.num_layers // par.pp
     layer = layer_ops(model, replace(par, recompute="none"), 1)
-    t = par.tp
     ops = []
     for stage in range(par.pp):
-        sp = {"arch": model.arch, "hidden": model.hidden, "tokens": par.micro_batch * par.seq_for(model),
-              "micro_batch": par.micro_batch, "seq": par.seq_for(model), "heads": model.heads // t,
-              "kv_heads": max(1, model.kv_heads // t), "head_dim": model.head_dim, "ffn": model.ffn_hidden // t,
-              "vocab": -(-model.vocab // t), "layers": layers, "first": stage == 0, "last": stage == par.pp - 1,
-              "dtype": par.dtype, "grad_dtype": par.grad_dtype, "bucket_mb": par.bucket_mb}
-
-        work = layer * layers + (embedding_ops(model, par, 1) if stage == 0 else []) + \
-            (head_ops(model, par, 1) if stage == par.pp - 1 else [])
+        sp = dict(_stage_shape(model, par, stage), dtype=par.dtype, grad_dtype=par.grad_dtype,
+                  bucket_mb=par.bucket_mb)
+        work = _stage_work(model, par, stage, layer)
         adam = next(o for o in optimizer_ops(model, replace(par, zero=0)) if o.stage == stage)
 
         def op(name, impl, wrapper, count, phase, like):
