@@ -173,14 +173,3 @@ class Transformer(nn.Module):
         logits = F.linear(x, self.head_w)
         return _VocabParallelCE.apply(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), self.group,
                                       self.start)
-
-
-def check(spec: ModelSpec, par) -> str | None:
-    """Why this implementation cannot run the plan, or None."""
-    if par.sp:
-        return "sequence parallelism"
-    if par.pp > 1:
-        return "pipeline parallelism"
-    if spec.kv_heads % par.tp or spec.vocab % par.tp:
-        return f"kv heads {spec.kv_heads} or vocabulary {spec.vocab} not divisible by tp {par.tp}"
-    return None

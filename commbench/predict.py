@@ -128,6 +128,20 @@ class Times:
         self.notes.setdefault(("compute-spec",), f"compute times from SystemSpec {self.spec.name} (not measured)")
         return self.spec.compute_time_s(op)
 
+    def slowest_rank(self, op, bound: str) -> float:
+        """A measured op's time on its slowest rank: that rank's own median
+        (scaled to the bound by the measurement's spread) where the results hold
+        it, else compute(). For ops whose ranks are not in step call by call
+        (TP groups timed side by side): a training step sums each group's
+        micro-batches and waits for the slowest group, while the maximum over
+        the ranks of every single call would add the groups' noise up."""
+        m = self.matched.get(op)
+        mid = self.compute(op, "mid")
+        if m is None or not m.rank_time_p50_s or mid <= 0:
+            return self.compute(op, bound)
+        from commbench.compute.runner import scale
+        return max(m.rank_time_p50_s) * scale(m) * self.compute(op, bound) / mid
+
     def comm(self, collective, nbytes, group_size, num_nodes, dtype, bound: str) -> float:
         if group_size < 2:
             return 0.0
@@ -167,7 +181,8 @@ def granularity(ops, times: Times, stage: int | None = None) -> list:
     stage as one module where both its passes were measured; else per layer and
     head as modules where all of theirs were; else kernel by kernel (measured,
     or from a SystemSpec)."""
-    ops = [op for op in ops if op.scope != "framework"]     # a cost on top (framework_overhead), not a granularity
+    # costs on top (framework_overhead) or in place of compute + TP (tp_in_place), not granularities
+    ops = [op for op in ops if op.scope not in ("framework", "tp_stage")]
     if stage is not None:
         ops = [op for op in ops if op.stage in (-1, stage)]
         whole = [op for op in ops if op.scope == "stage_module"]
@@ -206,7 +221,18 @@ def framework_overhead(ops, times: Times, stage: int, bound: str):
     return net("dp_microbatch"), net("dp_optimizer")
 
 
-def stage_times(workload_ops, comm_ops, par, times: Times, bound: str) -> list:
+def tp_in_place(ops, times: Times, stage: int, bound: str):
+    """Seconds of one micro-batch's forward and backward of the stage with its
+    tensor parallelism, timed in place over the rank's TP group
+    (compute/tp_stage.py); None where not measured."""
+    mine = [op for op in ops if op.scope == "tp_stage" and op.stage == stage]
+    if not mine or not all(times.measured(op) for op in mine):
+        return None
+    return sum(times.slowest_rank(op, bound) for op in mine) / len(mine)
+
+
+def _stage_compute(workload_ops, par, times: Times, bound: str) -> list:
+    """Each stage's compute from its ops at the coarsest measured granularity."""
     m = par.num_microbatches
     out = [StageTimes() for _ in range(par.pp)]
     for s, st in enumerate(out):
@@ -223,21 +249,15 @@ def stage_times(workload_ops, comm_ops, par, times: Times, bound: str) -> list:
             else:
                 st.bwd_s += t * op.count / m
                 st.layer_bwd_s += t * op.count / m if layered else 0.0
-        over = framework_overhead(workload_ops, times, s, bound)
-        if over is not None:
-            # spread over the micro-batch's forward and backward in proportion
-            # to their compute (FSDP's hooks and copies sit at every unit)
-            per_mb, step = over[0] / m, over[1]
-            if st.fwd_s + st.bwd_s > 0:
-                f = 1.0 + per_mb / (st.fwd_s + st.bwd_s)
-                st.fwd_s, st.bwd_s, st.layer_fwd_s, st.layer_bwd_s = (
-                    st.fwd_s * f, st.bwd_s * f, st.layer_fwd_s * f, st.layer_bwd_s * f)
-            st.optimizer_s += step
-            times.notes.setdefault(("framework", s), f"stage {s}: the data-parallel framework's own work, measured "
-                                   f"on one rank, adds {over[0] * 1e3:.3f} ms to its micro-batches and "
-                                   f"{step * 1e3:.3f} ms to its optimizer step (in compute and optimizer)")
+    return out
+
+
+def _stage_comm(stages: list, comm_ops, par, times: Times, bound: str):
+    """The TP collectives of each stage's micro-batches and its once-per-step
+    TP, pipeline and DP collectives, from the collectives' own timings."""
+    m = par.num_microbatches
     for c in comm_ops:
-        st = out[c.stage]
+        st = stages[c.stage]
         if c.axis == "tp":
             t = times.comm_op(c, bound)
             if c.phase == "step":
@@ -256,7 +276,48 @@ def stage_times(workload_ops, comm_ops, par, times: Times, bound: str) -> list:
     # on 2 gloo ranks, one broadcast of their total bytes 0.3 ms)
     for c in comm_ops:
         if c.axis == "dp" and c.phase == "step":
-            out[c.stage].dp_step_s += times.comm_op(c, bound) * c.count
+            stages[c.stage].dp_step_s += times.comm_op(c, bound) * c.count
+
+
+def _apply_tp_in_place(st: StageTimes, whole: float):
+    """A micro-batch timed with its TP in place replaces the stage's compute +
+    TP collectives: its excess over the compute is the TP time (at least 0),
+    split over forward and backward as the collectives' own timings split it."""
+    compute = st.fwd_s + st.bwd_s
+    comm = st.tp_fwd_s + st.tp_bwd_s
+    fwd_share = st.tp_fwd_s / comm if comm > 0 else (st.fwd_s / compute if compute > 0 else 0.5)
+    tp = max(0.0, whole - compute)
+    st.tp_fwd_s, st.tp_bwd_s = tp * fwd_share, tp * (1.0 - fwd_share)
+
+
+def _apply_framework(st: StageTimes, over: tuple, m: int):
+    """The data-parallel framework's own work, spread over the micro-batch's
+    forward and backward in proportion to their compute (FSDP's hooks and
+    copies sit at every unit), and its optimizer step."""
+    per_mb = over[0] / m
+    if st.fwd_s + st.bwd_s > 0:
+        f = 1.0 + per_mb / (st.fwd_s + st.bwd_s)
+        st.fwd_s, st.bwd_s, st.layer_fwd_s, st.layer_bwd_s = (
+            st.fwd_s * f, st.bwd_s * f, st.layer_fwd_s * f, st.layer_bwd_s * f)
+    st.optimizer_s += over[1]
+
+
+def stage_times(workload_ops, comm_ops, par, times: Times, bound: str) -> list:
+    m = par.num_microbatches
+    out = _stage_compute(workload_ops, par, times, bound)
+    _stage_comm(out, comm_ops, par, times, bound)
+    for s, st in enumerate(out):
+        whole = tp_in_place(workload_ops, times, s, bound)
+        if whole is not None:
+            _apply_tp_in_place(st, whole)
+            times.notes.setdefault(("tp in place", s), f"stage {s}: a micro-batch with its tensor parallelism timed "
+                                   f"in place ({whole * 1e3:.3f} ms): TP time = that less the stage's compute")
+        over = framework_overhead(workload_ops, times, s, bound)
+        if over is not None:
+            _apply_framework(st, over, m)
+            times.notes.setdefault(("framework", s), f"stage {s}: the data-parallel framework's own work, measured "
+                                   f"on one rank, adds {over[0] * 1e3:.3f} ms to its micro-batches and "
+                                   f"{over[1] * 1e3:.3f} ms to its optimizer step (in compute and optimizer)")
     return out
 
 

@@ -62,6 +62,9 @@ class CachedTimes:
     def compute(self, op, bound: str) -> float:
         return self.inner.compute(op, bound)
 
+    def slowest_rank(self, op, bound: str) -> float:
+        return self.inner.slowest_rank(op, bound)
+
     def comm(self, collective, nbytes, group_size, num_nodes, dtype, bound: str) -> float:
         key = (collective, nbytes, group_size, num_nodes, dtype, bound)
         t = self._comm.get(key)

@@ -137,10 +137,12 @@ def _device(device: str) -> torch.device:
     return dev
 
 
-def _apply_tp(module, spec: ModelSpec, par: Parallelism, mesh):
+def apply_tp(module, spec: ModelSpec, par: Parallelism, tp_mesh):
+    """DTensor tensor parallelism (tp_plan) of a model or pipeline stage over a
+    one-dimensional tp DeviceMesh."""
     from torch.distributed.tensor.parallel import parallelize_module
     present = {k: v for k, v in tp_plan(spec, par.sp).items() if _has(module, k)}
-    parallelize_module(module, mesh["tp"], present)
+    parallelize_module(module, tp_mesh, present)
     if _tied(module):
         module.head.weight = module.embed.weight      # both Shard(0) over the vocabulary: one DTensor
 
@@ -152,7 +154,7 @@ def _has(module, name: str) -> bool:
         return False
 
 
-def _apply_recompute(module):
+def apply_recompute(module):
     from torch.utils.checkpoint import checkpoint
     for block in module.layers.values():
         block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
@@ -204,9 +206,9 @@ def _param_dtype(par: Parallelism) -> torch.dtype:
 def _parallelize(raw, spec: ModelSpec, par: Parallelism, mesh, dev):
     raw.to(device=dev, dtype=_param_dtype(par))
     if par.tp > 1:
-        _apply_tp(raw, spec, par, mesh)
+        apply_tp(raw, spec, par, mesh["tp"])
     if par.recompute == "full":
-        _apply_recompute(raw)
+        apply_recompute(raw)
     return _apply_dp(raw, par, mesh)
 
 
@@ -263,7 +265,7 @@ def _data_seed(seed: int, dp_i: int) -> int:
     return seed * 100_003 + dp_i + 1
 
 
-def _loss_context(par: Parallelism):
+def loss_context(par: Parallelism):
     if par.tp > 1:
         from torch.distributed.tensor.parallel import loss_parallel
         return loss_parallel()
@@ -276,15 +278,22 @@ def _plain(t):
 
 
 # --- the step of each kind of plan --------------------------------------------------------------
-def _megatron_tp_model(spec: ModelSpec, par: Parallelism, mesh, dev, seed: int):
-    """Megatron-style TP (megatron_tp.py) on the tp mesh, then the plan's DP wrapper."""
+def megatron_tp_module(spec: ModelSpec, par: Parallelism, tp_group, dev, dtype, seed: int):
+    """This rank's shard of Megatron-style TP (megatron_tp.py) over tp_group, its
+    layers checkpointed under full recompute; called as model(tokens, targets) -> loss."""
     from commbench import megatron_tp
-    raw = megatron_tp.Transformer(spec, mesh["tp"].get_local_rank(), par.tp, mesh["tp"].get_group(), seed)
-    raw.to(device=dev, dtype=_param_dtype(par))
+    raw = megatron_tp.Transformer(spec, dist.get_rank(tp_group), par.tp, tp_group, seed)
+    raw.to(device=dev, dtype=dtype)
     if par.recompute == "full":
         from torch.utils.checkpoint import checkpoint
         for layer in raw.layers:
             layer.forward = functools.partial(checkpoint, layer.forward, use_reentrant=False)
+    return raw
+
+
+def _megatron_tp_model(spec: ModelSpec, par: Parallelism, mesh, dev, seed: int):
+    """Megatron-style TP on the tp mesh, then the plan's DP wrapper."""
+    raw = megatron_tp_module(spec, par, mesh["tp"].get_group(), dev, _param_dtype(par), seed)
     if par.dp > 1 and par.zero >= 2:
         from torch.distributed.fsdp import MixedPrecisionPolicy
         mp = MixedPrecisionPolicy(param_dtype=TORCH_DTYPES[par.dtype], reduce_dtype=TORCH_DTYPES[par.grad_dtype])
@@ -317,7 +326,7 @@ def _flat_step(spec: ModelSpec, par: Parallelism, mesh, dev, seed: int, tp_impl:
         total = 0.0
         for i, (x, y) in enumerate(batches):
             no_sync = model.no_sync() if is_ddp and i < m - 1 else nullcontext()
-            with no_sync, (nullcontext() if megatron else _loss_context(par)):
+            with no_sync, (nullcontext() if megatron else loss_context(par)):
                 loss = (model(x, y) if megatron else lm_loss(model(x), y)) / m
                 loss.backward()
             total = total + _plain(loss.detach())
@@ -384,7 +393,7 @@ def _pipeline_step(spec: ModelSpec, par: Parallelism, mesh, dev, seed: int):
     def step():
         opt.zero_grad(set_to_none=True)
         losses = []
-        with _loss_context(par):
+        with loss_context(par):
             sched.step(*((x,) if first else ()), target=y if last else None, losses=losses)
         tied()
         opt.step()
@@ -436,8 +445,8 @@ def train_steps(model: ModelSpec, par: Parallelism, steps: int, warmup: int = 2,
     if tp_impl not in ("dtensor", "megatron"):
         raise ValueError(f"tp implementation {tp_impl!r}: choose dtensor or megatron")
     if tp_impl == "megatron" and par.tp > 1:
-        from commbench import megatron_tp
-        why = megatron_tp.check(model, par)
+        from commbench.strategies import tp
+        why = tp.implementation_limit(model, par, "megatron")
         if why:
             raise ValueError(f"tp implementation megatron does not support {why}: use dtensor")
     step = _pipeline_step(model, par, mesh, dev, seed) if par.pp > 1 else \

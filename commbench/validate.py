@@ -23,10 +23,10 @@ def tp_impl_for(model, par, asked: str = "auto") -> str:
     """The tensor-parallel implementation validate runs: Megatron-style
     (megatron_tp.py) wherever it can (no SP, no pipeline), else DTensor; asked
     'megatron' where it cannot is a ValueError naming why."""
-    from commbench import megatron_tp
+    from commbench.strategies import tp
     if asked not in ("auto", "megatron", "dtensor"):
         raise ValueError(f"--tp-impl {asked!r}: choose auto, megatron or dtensor")
-    why = megatron_tp.check(model, par) if par.tp > 1 else None
+    why = tp.implementation_limit(model, par, "megatron") if par.tp > 1 else None
     if asked == "megatron" and why:
         raise ValueError(f"--tp-impl megatron does not support {why}: use dtensor")
     if asked == "auto":
@@ -47,15 +47,15 @@ def run_on_rank(model, par, info, device, steps, warmup, out_dir, argv, overwrit
     try:
         comm_path, compute_path = os.path.join(out_dir, "comm.jsonl"), os.path.join(out_dir, "compute.jsonl")
         inter_path = os.path.join(out_dir, "interference.jsonl")
+        compute_rf = runner.run(workload.compute_ops, info, device, compute_timing, compute_path, overwrite, argv,
+                                timeout_s=timeout_s, backend=backend,
+                                extra_settings={"plan": {"model": model.to_dict(), "parallelism": workload.parallelism}})
         comm_rf = None
         if workload.comm_ops:
             config = RunConfig(device=device, timing=comm_timing, timeout_s=timeout_s)
             comm_rf, wrong = sweep.run(config, info, argv, comm_path, overwrite, plan=(model, par), backend=backend)
             if wrong:
                 raise RuntimeError(f"{wrong} wrong result element(s) in the plan's collectives: see {comm_path}")
-        compute_rf = runner.run(workload.compute_ops, info, device, compute_timing, compute_path, overwrite, argv,
-                                timeout_s=timeout_s, backend=backend,
-                                extra_settings={"plan": {"model": model.to_dict(), "parallelism": workload.parallelism}})
         inter_rf = None
         if par.world > 1:
             from commbench import interference

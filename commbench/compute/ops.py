@@ -18,10 +18,12 @@ for a GPT with 4h MLP and no recompute (tests/test_compute_ops.py checks it).
 
 Bytes: what a kernel must read and write at least once from device memory;
 the derivation is written beside each op."""
-from dataclasses import replace
+import json
+from dataclasses import asdict, replace
 
 from commbench.models import ModelSpec
 from commbench.parallel import DTYPE_BYTES, Parallelism
+from commbench.strategies import tp
 from commbench.strategies.common import rank_params
 from commbench.workload import ComputeOp
 
@@ -333,13 +335,40 @@ def framework_ops(model: ModelSpec, par: Parallelism) -> list:
     return ops
 
 
-def compute_ops(model: ModelSpec, par: Parallelism) -> list:
+def tp_stage_ops(model: ModelSpec, par: Parallelism, flavour: str) -> list:
+    """Each stage's micro-batch forward and backward timed in place
+    (compute/tp_stage.py; kind 'other', scope 'tp_stage', phase 'fwd+bwd',
+    counted m times a step): the stage as the torch implementation of the tp
+    flavour runs it over the rank's tensor-parallel group, its compute and its
+    TP collectives together. None without tensor parallelism, or where that
+    implementation cannot run the plan (strategies.tp.implementation_limit)."""
+    if par.tp == 1 or tp.implementation_limit(model, par, flavour):
+        return []
+    layer = layer_ops(model, replace(par, recompute="none"), 1)
+    spec = json.dumps(asdict(model), sort_keys=True)      # the implementation builds the real model
+    ops = []
+    for stage in range(par.pp):
+        work = _stage_work(model, par, stage, layer)
+        sp = dict(_stage_shape(model, par, stage), tp=par.tp, pp=par.pp, sp=par.sp, dtype=par.dtype,
+                  recompute=par.recompute, flavour=flavour, model=spec)
+        ops.append(ComputeOp(name=f"stage {stage} micro-batch with TP in place ({flavour})", kind="other",
+                             m=sp["tokens"], n=model.hidden, flops=float(sum(o.flops for o in work)),
+                             nbytes=sum(o.nbytes for o in work), count=par.num_microbatches, phase="fwd+bwd",
+                             dtype=par.dtype, impl="tp_microbatch", stage=stage, scope="tp_stage",
+                             params=tuple(sorted(sp.items()))))
+    return ops
+
+
+def compute_ops(model: ModelSpec, par: Parallelism, tp_flavour: str = "megatron") -> list:
     """Every ComputeOp of one optimizer step, per rank: the layer ops (stage -1:
     every stage runs L/pp layers), stage 0's embedding, the last stage's head,
     each stage's optimizer step, the layer and head again as whole modules
-    (an alternative granularity, not extra work), and the data-parallel
-    framework's own work (framework_ops). Counts are per optimizer step."""
+    (an alternative granularity, not extra work), the data-parallel
+    framework's own work (framework_ops), and each stage's micro-batch with its
+    tensor parallelism in place (tp_stage_ops; tp_flavour: whose
+    implementation). Counts are per optimizer step."""
     m = par.num_microbatches
     layers = model.num_layers // par.pp
     return (layer_ops(model, par, layers * m) + embedding_ops(model, par, m) + head_ops(model, par, m)
-            + optimizer_ops(model, par) + module_ops(model, par, layers * m, m) + framework_ops(model, par))
+            + optimizer_ops(model, par) + module_ops(model, par, layers * m, m) + framework_ops(model, par)
+            + tp_stage_ops(model, par, tp_flavour))

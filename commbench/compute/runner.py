@@ -179,9 +179,11 @@ def run(workload_ops, launch, device, settings, out_path, overwrite, argv, flush
         writer = results.open_on_rank0(backend.rank, backend.control_bcast, out_path, header, overwrite)
         timer = FlushingTimer(backend, torch, device) if flush_l2 else backend
         todo = distinct_cases(workload_ops, device, "torch", backend.world_size)
-        from commbench.compute import framework
+        from commbench.compute import framework, tp_stage
         if framework.needs_solo_group(op for _, op in todo):
             framework.solo_group()      # collective: every rank, before any framework op is set up
+        for tp in tp_stage.group_sizes([op for _, op in todo], backend.world_size):
+            tp_stage.tp_group(tp)       # collective too
         result = ResultFile(header=header, measurements=[], path=out_path)
         if reporter and backend.rank == 0:
             reporter.start(len(todo))

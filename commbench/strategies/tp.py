@@ -85,6 +85,27 @@ FLAVOURS = ("megatron", "dtensor")
 CE_DTYPE = "fp32"
 
 
+def implementation_limit(model: ModelSpec, par: Parallelism, flavour: str) -> str | None:
+    """What keeps the torch implementation of a flavour (megatron: commbench's
+    megatron_tp.py; dtensor: DTensor's tp_plan in training.py) from running the
+    plan's tensor parallelism, or None."""
+    if flavour == "megatron":
+        if par.sp:
+            return "sequence parallelism"
+        if par.pp > 1:
+            return "pipeline parallelism"
+        if model.kv_heads % par.tp or model.vocab % par.tp:
+            return f"kv heads {model.kv_heads} or vocabulary {model.vocab} not divisible by tp {par.tp}"
+        return None
+    if model.kv_heads % par.tp:
+        return f"kv heads {model.kv_heads} not divisible by tp {par.tp} (colwise k/v)"
+    if par.recompute == "selective":
+        return "selective recompute"
+    if model.arch == "gpt" and par.seq_for(model) > model.seq:
+        return f"seq {par.seq_for(model)} beyond the learned positions ({model.seq})"
+    return None
+
+
 def _col_inputs(model: ModelSpec, flavour: str) -> list:
     """Names of the column-parallel linears whose input is one activation: one per
     block in Megatron (fused), one per Linear in DTensor."""
