@@ -3,7 +3,7 @@ each one real training steps of a plan against the step predicted from that
 job's own measured collectives and kernels. Prints one row per run and the
 median and worst absolute error of the step time.
 
-    .venv/bin/python benchmarks/validate_accuracy.py [--models tiny-gpt,small-gpt] [--steps 5]
+    .venv/bin/python benchmarks/validate_accuracy.py [--models tiny-gpt,small-gpt] [--steps 10]
         [--only ddp,tp] [--keep DIR] [--emulate 200mbit]
 
 --emulate RATE runs every validation on an emulated two-node cluster (`commbench
@@ -54,7 +54,7 @@ def run(model, ranks, flags, steps, out_dir, emulate=None):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="tiny-gpt,small-gpt")
-    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--only", default=None, help="comma-separated plan names")
     ap.add_argument("--keep", default=None, help="keep every run's files under this directory")
     ap.add_argument("--emulate", default=None, metavar="RATE",

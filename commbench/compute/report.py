@@ -15,7 +15,11 @@ SCOPES = (("layer", "transformer layer, kernel by kernel (one micro-batch)"),
           ("layer_module", "transformer layer as one module (one micro-batch)"),
           ("embedding", "embedding (first stage)"), ("head", "head, kernel by kernel (last stage)"),
           ("head_module", "head as one module (last stage)"),
-          ("stage_module", "each pipeline stage as one module (one micro-batch)"), ("optimizer", "optimizer step"))
+          ("stage_module", "each pipeline stage as one module (one micro-batch)"), ("optimizer", "optimizer step"),
+          ("framework", "data-parallel framework on a rank alone, bare and wrapped"),
+          ("tp_stage", "each stage's micro-batch with its tensor parallelism in place"))
+# tables whose ops are counted differently from one another: no "x count" in the title
+UNCOUNTED = ("optimizer", "framework")
 
 
 def json_doc(ops, matched) -> dict:
@@ -68,7 +72,7 @@ def print_tables(ops, matched, console: Console | None = None):
             part = part[:1] if len({op.m for op in part}) == 1 else part
         if part:
             count = part[0].count
-            console.print(_table(f"{title}: x {count} per step" if scope != "optimizer" else title, part, matched))
+            console.print(_table(f"{title}: x {count} per step" if scope not in UNCOUNTED else title, part, matched))
     per_stage = stage_totals(ops, matched)
     if per_stage:
         t = Table(title="compute per optimizer step, per rank of each stage")
