@@ -180,3 +180,16 @@ def test_skipped_where_the_job_cannot_form_the_group(tmp_path):
     assert p.returncode == 0, p.stderr
     (m,) = [m for m in results.load(str(out)).measurements if m.case.op == "tp_microbatch"]
     assert m.status == "skipped" and "multiple of tp = 4" in m.skip_reason
+
+
+def test_host_memory_of_the_whole_model_build():
+    # the op cuts its shard from the whole model built in fp32 on the host: 4 B
+    # per parameter, checked against the rank's share of the host before set-up
+    from commbench.compute import runner
+    par = Parallelism(world=2, gpus_per_node=2, tp=2, global_batch=2)
+    (op,) = _tp_ops(par, "megatron")
+    assert runner.host_build_bytes(op) == 4 * TINY.num_params
+    big = models.get("gpt3-175b")
+    (op175,) = [o for o in compute_ops.tp_stage_ops(big, Parallelism(world=8, gpus_per_node=8, tp=8), "dtensor")]
+    assert runner.host_build_bytes(op175) == 4 * big.num_params > 600e9
+    assert all(runner.host_build_bytes(o) == 0 for o in compute_ops.compute_ops(TINY, par) if o.scope != "tp_stage")

@@ -104,6 +104,18 @@ def needed_bytes(op, device: str) -> int:
     return 2 * int(op.nbytes)
 
 
+def host_build_bytes(op) -> int:
+    """Host memory that setting op up takes besides its device tensors: the TP
+    in-place op builds the whole model in fp32 on the host and cuts its shard
+    from it (4 B per parameter); nothing for the others."""
+    if op.impl != "tp_microbatch":
+        return 0
+    import json
+
+    from commbench.models import ModelSpec
+    return 4 * ModelSpec(**json.loads(dict(op.params)["model"])).num_params
+
+
 def describe(case: Case, world_size: int) -> str:
     """The kernel and shape of a case, as the watchdog's line names it."""
     p = case.params
@@ -122,12 +134,16 @@ def measure(backend, timer, case: Case, op, settings, hosts, torch, device, rank
             on_phase=None) -> Measurement:
     from commbench.compute import kernels
     from commbench.sweep import one_hot
+    from commbench import memcheck
     need, free = needed_bytes(op, device), free_bytes(device, ranks_on_host)
+    build, host = host_build_bytes(op), memcheck.host_available()
+    host = None if host is None else host // max(1, ranks_on_host)
+    error = None
     if free is not None and need > 0.8 * free:   # said before allocating: a host out of memory kills, it does not raise
         error = f"needs about {need / 1e9:.1f} GB, {free / 1e9:.1f} GB free for this rank"
-        call = None
-    else:
-        error = None
+    elif build and host is not None and build > 0.5 * host:
+        error = (f"building the whole model on the host for its shard needs about {build / 1e9:.1f} GB, "
+                 f"{host / 1e9:.1f} GB available for this rank")
     try:
         if error is None:
             call = kernels()[op.impl](op, backend.torch_device if device == "cuda" else device,
