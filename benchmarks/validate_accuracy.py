@@ -11,6 +11,9 @@ emulate --nodes 2`, root): the ranks split evenly over the two nodes, whose link
 is shaped to RATE, so data-parallel traffic (and, on 2 ranks, tensor-parallel and
 pipeline traffic too) crosses the slow network.
 
+--repeat N runs every validation N times and gives each row the median of its
+runs' errors as well (this VM's run-to-run spread is as large as the errors).
+
 Runs one validation at a time (they would time each other otherwise); about a
 minute each on a 2-core machine."""
 import argparse
@@ -59,10 +62,12 @@ def main():
     ap.add_argument("--keep", default=None, help="keep every run's files under this directory")
     ap.add_argument("--emulate", default=None, metavar="RATE",
                     help="run on an emulated 2-node cluster whose link is shaped to RATE (e.g. 200mbit; root)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run each validation this many times; each row's error is then the median of its runs'")
     a = ap.parse_args()
     only = set(a.only.split(",")) if a.only else None
     root = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="commbench-accuracy-"))
-    rows, errors = [], []
+    errors, row_errors = [], []
     if a.emulate:
         print(f"emulated cluster: 2 nodes, inter-node link {a.emulate}")
     print(f"{'model':<10} {'plan':<7} {'ranks':>5} {'measured ms':>12} {'predicted ms':>13} {'band ms':>17} "
@@ -71,20 +76,30 @@ def main():
         for name, ranks, flags in PLANS:
             if only and name not in only:
                 continue
-            doc, err = run(model, ranks, flags, a.steps, root / f"{model}-{name}-{ranks}", a.emulate)
-            if doc is None:
-                print(f"{model:<10} {name:<7} {ranks:>5}  failed: {err}")
-                continue
-            b = doc["prediction"]["breakdown"]
-            top = max((k for k in b if k != "hidden_comm_s"), key=lambda k: b[k])
-            lo, hi = doc["predicted_band_s"]
-            print(f"{model:<10} {name:<7} {ranks:>5} {doc['measured_step_time_s'] * 1e3:>12.2f} "
-                  f"{doc['predicted_step_time_s'] * 1e3:>13.2f} {lo * 1e3:>8.1f}-{hi * 1e3:<8.1f} "
-                  f"{doc['error_pct']:>+7.1f}%  {top} {b[top] / doc['predicted_step_time_s']:.0%}", flush=True)
-            rows.append(doc)
-            errors.append(abs(doc["error_pct"]))
+            mine = []
+            for i in range(a.repeat):
+                out = root / f"{model}-{name}-{ranks}" / (f"run{i + 1}" if a.repeat > 1 else "")
+                doc, err = run(model, ranks, flags, a.steps, out, a.emulate)
+                if doc is None:
+                    print(f"{model:<10} {name:<7} {ranks:>5}  failed: {err}")
+                    continue
+                b = doc["prediction"]["breakdown"]
+                top = max((k for k in b if k != "hidden_comm_s"), key=lambda k: b[k])
+                lo, hi = doc["predicted_band_s"]
+                print(f"{model:<10} {name:<7} {ranks:>5} {doc['measured_step_time_s'] * 1e3:>12.2f} "
+                      f"{doc['predicted_step_time_s'] * 1e3:>13.2f} {lo * 1e3:>8.1f}-{hi * 1e3:<8.1f} "
+                      f"{doc['error_pct']:>+7.1f}%  {top} {b[top] / doc['predicted_step_time_s']:.0%}", flush=True)
+                mine.append(doc["error_pct"])
+            errors += [abs(e) for e in mine]
+            if a.repeat > 1 and mine:
+                row_errors.append(statistics.median(mine))
+                print(f"{'median of ' + str(len(mine)) + ' runs':>70} {row_errors[-1]:>+7.1f}%", flush=True)
     if errors:
         print(f"\n{len(errors)} runs: median |error| {statistics.median(errors):.1f} %, worst {max(errors):.1f} %")
+    if row_errors:
+        worst = max(abs(e) for e in row_errors)
+        print(f"{len(row_errors)} rows, each the median of its runs: median |error| "
+              f"{statistics.median(abs(e) for e in row_errors):.1f} %, worst {worst:.1f} %")
     print(f"files: {root}")
 
 
