@@ -36,7 +36,8 @@ def build(model, par: Parallelism, tp_flavour: str = "megatron") -> Workload:
     par.check_model(model)
     return Workload(model=model.to_dict(), parallelism=dict(asdict(par), num_microbatches=par.num_microbatches,
                                                             num_nodes=par.num_nodes),
-                    comm_ops=comm_ops(model, par, tp_flavour), compute_ops=compute_ops.compute_ops(model, par, tp_flavour))
+                    comm_ops=comm_ops(model, par, tp_flavour),
+                    compute_ops=compute_ops.compute_ops(model, par, tp_flavour))
 
 
 def load_plan_file(path: str) -> dict:

@@ -132,9 +132,9 @@ def call_s(op, timer) -> float:
 
 def measure(backend, timer, case: Case, op, settings, hosts, torch, device, ranks_on_host=1,
             on_phase=None) -> Measurement:
+    from commbench import memcheck
     from commbench.compute import kernels
     from commbench.sweep import one_hot
-    from commbench import memcheck
     need, free = needed_bytes(op, device), free_bytes(device, ranks_on_host)
     build, host = host_build_bytes(op), memcheck.host_available()
     host = None if host is None else host // max(1, ranks_on_host)

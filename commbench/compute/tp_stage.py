@@ -13,8 +13,9 @@ stage's compute plus TP communication where it was measured
 back to back are what it falls back on elsewhere (a tp that the job's ranks
 cannot form, a SystemSpec).
 
-The op needs tp ranks: a job whose world size is not a multiple of tp skips it
-with the reason in the results."""
+The op needs tp ranks (a job whose world size is not a multiple of tp skips it,
+with the reason in the results) and host memory for the whole model, which it
+builds in fp32 to cut the rank's shard from (compute.runner.host_build_bytes)."""
 import json
 
 import torch
