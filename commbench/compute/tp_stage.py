@@ -34,8 +34,8 @@ def tp_group(tp: int):
 
 def group_sizes(ops, world: int) -> list:
     """The tp sizes whose groups the ops need and this job can form."""
-    return sorted({dict(op.params)["tp"] for op in ops if op.impl in PREPARE
-                   if world % dict(op.params)["tp"] == 0})
+    sizes = {dict(op.params)["tp"] for op in ops if op.impl in PREPARE}
+    return sorted(tp for tp in sizes if world % tp == 0)
 
 
 def _plan(p):
