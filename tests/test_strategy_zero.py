@@ -17,7 +17,7 @@ import torch
 from commbench import models
 from commbench.models import ModelSpec
 from commbench.parallel import Parallelism
-from commbench.strategies import zero
+from commbench.strategies import fsdp, zero
 from commbench.strategies.common import rank_params
 from test_strategy_ddp import assert_same_ops, expected, issued
 from traffic import marked, record
@@ -99,12 +99,13 @@ def test_gpt3_13b_zero2_torch_dp512():
 def test_fsdp_padding_small():
     # tiny-gpt over 3 ranks: embedding rows 512 -> 513, positions 64 -> 66, norms 64 -> 66
     m = models.get("tiny-gpt")
-    units = dict(zero.fsdp_units(m, Parallelism(world=1)))
-    assert zero.fsdp_unit_numel(m, units["root"], 3) == 513 * 64 + 66 * 64 + 2 * 66
+    units = {u.label if u.label == "root" else f"layers.{u.layer}": u
+             for u in fsdp.fsdp_units(m, Parallelism(world=1))}
+    assert units["root"].padded_numel(3) == 513 * 64 + 66 * 64 + 2 * 66
     # layer: q/k/v/o weights 64 -> 66 rows of 64, down 64 -> 66 rows of 256, up 256 -> 258 rows
     # of 64, up bias 256 -> 258, the five other biases and four norm vectors 64 -> 66
     layer = 4 * 66 * 64 + 66 * 256 + 258 * 64 + 258 + 5 * 66 + 4 * 66
-    assert zero.fsdp_unit_numel(m, units["layers.0"], 3) == layer
+    assert units["layers.0"].padded_numel(3) == layer
 
 
 # --- DeepSpeed by hand ---------------------------------------------------------------------
@@ -249,3 +250,31 @@ def test_real_zero_matches(recording):
         # the padded odd-llama root: embedding and head 509 -> 512 rows of 48, norm 48; S / 4 per rank
         root = [w for w in got[2][1] if w[0] == "all_gather"][0]
         assert root == ("all_gather", (512 * 48 + 48 + 512 * 48) // 4)
+
+
+def test_torch_zero2_under_pipelining_once_per_step():
+    # torch.distributed.pipelining keeps a unit gathered and defers the gradient sync to
+    # the end of the step: one all-gather and one reduce-scatter per unit per step, the
+    # reduce-scatter after the backward (not overlapped), whatever the micro-batch count
+    m = models.get("gpt3-13b")
+    par = Parallelism(world=64, gpus_per_node=4, pp=8, global_batch=64, zero=2)
+    assert par.num_microbatches == 8
+    ops = zero.comm_ops(m, par)
+    assert ops and all(o.count == 1 for o in ops)
+    assert {o.overlap for o in ops if o.collective == "reduce_scatter"} == {"none"}
+    with pytest.raises(ValueError, match="interleaved"):
+        zero.comm_ops(m, Parallelism(world=64, gpus_per_node=4, pp=8, interleave=5, global_batch=64, zero=2))
+
+
+def test_torch_zero2_units_are_fsdp_units():
+    # the same FSDP2 units as ZeRO-3, also where tp does not divide the vocabulary
+    # (DTensor's first shard holds ceil(V / tp) rows): 50257 / 2 -> 25129 rows of 2048
+    m = models.get("gpt3-1.3b")
+    two = Parallelism(world=16, gpus_per_node=8, tp=2, zero=2)
+    three = Parallelism(world=16, gpus_per_node=8, tp=2, zero=3)
+    root2 = next(o for o in zero.comm_ops(m, two) if o.label == "root params")
+    root3 = next(o for o in fsdp.comm_ops(m, three) if o.label.startswith("root") and o.phase == "fwd")
+    assert root2.nbytes == root3.nbytes
+    n = 8
+    rows = lambda d: -(-d // n) * n        # noqa: E731  padded to a multiple of the dp size
+    assert root2.nbytes == 2 * (rows(25129) * 2048 + rows(2048) * 2048 + 2 * rows(2048))

@@ -142,7 +142,7 @@ def fsdp_units(model: ModelSpec, par: Parallelism, stage: int = 0) -> list:
     return units + [unit("block", i, names) for i, names in blocks.items()]
 
 
-def _gathers_per_step(par: Parallelism, stage: int, reshards: bool, sync_every_microbatch: bool) -> tuple:
+def gathers_per_step(par: Parallelism, stage: int, reshards: bool, sync_every_microbatch: bool) -> tuple:
     """(all-gathers in forward, all-gathers in backward, reduce-scatters) of one
     unit per optimizer step; `reshards` = the unit reshards after forward."""
     m = par.num_microbatches
@@ -189,7 +189,7 @@ def comm_ops(model: ModelSpec, par: Parallelism, *, reshard_after_forward: bool 
             groups.append(("block", blocks, reshard_after_forward))
         for label, us, reshards in groups:
             numel = us[0].padded_numel(n)
-            fwd, bwd, rs = _gathers_per_step(par, stage, reshards, sync_every_microbatch)
+            fwd, bwd, rs = gathers_per_step(par, stage, reshards, sync_every_microbatch)
             k = len(us)
             what = (f"{k} blocks (layers {us[0].layer}-{us[-1].layer})" if label == "block"
                     else "root (" + ", ".join(x.rsplit(".", 1)[0] for x in us[0].names

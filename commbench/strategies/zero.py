@@ -25,7 +25,10 @@
   order; parameters stay gathered through backward, so there is no backward
   all-gather) and one reduce-scatter per unit in backward (layers in reverse,
   then the root). Since reshard_after_backward stays True the parameters are
-  re-gathered for every micro-batch, so both counts are m. Each unit's
+  re-gathered for every micro-batch, so both counts are m; inside
+  torch.distributed.pipelining (no reshard after backward, gradient sync
+  deferred to the end of the step) both are once per step, the reduce-scatter
+  after the backward (strategies/fsdp.py). Each unit's
   collective is one flat buffer: every parameter sharded on dim 0 into n
   torch.chunk pieces padded to ceil(dim0 / n) rows, so S = sum over the unit's
   parameters of n * ceil(dim0 / n) * (numel / dim0) elements: all-gather in
@@ -103,55 +106,31 @@ def _torch_zero1(model, par, parameters_as_bucket_view):
 
 
 # --- torch, zero = 2: FSDP2 with reshard_after_forward=False -----------------------------------
-def _dim0(model: ModelSpec, p) -> int:
-    """Rows of a parameter as torch stores it (Linear weights are (out, in))."""
-    h = model.hidden
-    if not p.name.endswith("weight") or "norm" in p.name.rsplit(".", 2)[-2]:
-        return p.numel                         # biases and norm weights are 1-D
-    if p.name.endswith(("attn.o.weight", "mlp.down.weight")):
-        return h                               # out = hidden (rowwise under TP: columns split)
-    return p.numel // h                        # in = hidden: embeddings, q/k/v, up, gate, head
-
-
-def fsdp_units(model: ModelSpec, par: Parallelism, stage: int = 0) -> list:
-    """[(unit name, [Param])] in forward order: the root's own parameters, then one unit per layer."""
-    layers, root = {}, []
-    for p in rank_params(model, par, stage):
-        if p.name.startswith("layers."):
-            layers.setdefault(p.name.split(".")[1], []).append(p)
-        else:
-            root.append(p)
-    units = [("root", root)] if root else []
-    return units + [(f"layers.{i}", ps) for i, ps in layers.items()]
-
-
-def fsdp_unit_numel(model: ModelSpec, params: list, n: int) -> int:
-    """Elements of a unit's flat all-gather output / reduce-scatter input: each
-    parameter padded on dim 0 to a multiple of n."""
-    total = 0
-    for p in params:
-        d0 = _dim0(model, p)
-        total += -(-d0 // n) * n * (p.numel // d0)
-    return total
-
-
 def _torch_zero2(model, par):
-    ops, n, m = [], par.dp, par.num_microbatches
+    """Per unit (fsdp.fsdp_units: the root, then each block) an all-gather in
+    forward and a reduce-scatter in backward, counted as fsdp counts a unit that
+    does not reshard after forward (every micro-batch; under pipelining once per
+    step, the reduce-scatter after the backward)."""
+    from commbench.strategies import fsdp
+    ops, n = [], par.dp
     if n == 1:
         return ops
     for stage in range(par.pp):
-        units = fsdp_units(model, par, stage)
-        for name, ps in units:
+        units = fsdp.fsdp_units(model, par, stage)
+        fwd, _, rs = fsdp.gathers_per_step(par, stage, False, True)
+        name = {u: "root" if u.label == "root" else f"layers.{u.layer}" for u in units}
+        for u in units:
             # all_gather S = total gathered output, n x padded shard, in the parameter dtype
-            ops.append(op(par, "all_gather", "dp", fsdp_unit_numel(model, ps, n) * param_bytes(par), count=m,
-                          phase="fwd", strategy="zero2", overlap="fwd", label=f"{name} params",
+            ops.append(op(par, "all_gather", "dp", u.padded_numel(n) * param_bytes(par), count=fwd,
+                          phase="fwd", strategy="zero2", overlap="fwd", label=f"{name[u]} params",
                           dtype=par.dtype, stage=stage))
-        layers = [u for u in units if u[0] != "root"]
-        root = [u for u in units if u[0] == "root"]
-        for name, ps in list(reversed(layers)) + root:   # backward: last layer first, root last
+        blocks = [u for u in units if u.label != "root"]
+        root = [u for u in units if u.label == "root"]
+        for u in list(reversed(blocks)) + root:   # backward: last layer first, root last
             # reduce_scatter S = total input, n x padded shard, in the gradient dtype
-            ops.append(op(par, "reduce_scatter", "dp", fsdp_unit_numel(model, ps, n) * grad_bytes(par), count=m,
-                          phase="bwd", strategy="zero2", overlap="bwd", label=f"{name} grads", stage=stage))
+            ops.append(op(par, "reduce_scatter", "dp", u.padded_numel(n) * grad_bytes(par), count=rs,
+                          phase="bwd", strategy="zero2", overlap="bwd" if par.pp == 1 else "none",
+                          label=f"{name[u]} grads", stage=stage))
     return ops
 
 
