@@ -374,17 +374,14 @@ def cmd_compute(a, argv) -> int:
 
 def cmd_predict(a) -> int:
     from commbench import plan as plan_mod
-    from commbench import predict, scaling
+    from commbench import predict, ranking, scaling
     model, par = planflags.from_args(a)
-    counts = scaling.parse_counts(a.scale) if a.scale else None
+    counts = scaling.parse_counts(a.scale) if a.scale is not None else None
     if a.plot and not counts:
         raise ValueError("--plot draws the scaling curves: give --scale too")
-    if a.peak_tflops is not None and not a.peak_tflops > 0:
-        raise ValueError(f"--peak-tflops must be positive, got {a.peak_tflops}")
+    ranking.peak_tflops(None, par.dtype, a.peak_tflops)          # a bad --peak-tflops before any loading
     times = predict.load_times(a.comm, a.compute, a.system, a.interference, a.comm_backend)
-    peak = a.peak_tflops
-    if peak is None and times.spec is not None:
-        peak = times.spec.peak_tflops.get({"bf16": "bf16", "fp16": "fp16", "fp32": "tf32"}.get(par.dtype, par.dtype))
+    peak = ranking.peak_tflops(times.spec, par.dtype, a.peak_tflops)
     workload = plan_mod.build(model, par)
     sb = predict.predict(workload, par, times.bind(workload.compute_ops), peak)
     doc = sb.to_dict()

@@ -142,9 +142,8 @@ def predictions(files: list, labels: list, compute_paths: list | None) -> tuple[
 def plot(files: list, labels: list, path: str):
     """busbw vs size, one panel per collective, one line per system (and per
     axis / in-place variant where a file has several)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from commbench import scaling
+    plt = scaling._pyplot()
     series = {}
     for lab, rf in zip(labels, files):
         for m in rf.measurements:
@@ -171,5 +170,4 @@ def plot(files: list, labels: list, path: str):
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    scaling.save_figure(fig, path, dpi=110)

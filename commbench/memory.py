@@ -144,7 +144,7 @@ def layer_activation_bytes(model: ModelSpec, seq: int, micro_batch: int, tp: int
         return rep_tokens * h * d
     dropout = model.arch == "gpt"
     mask = MASK_BYTES if dropout else 0
-    kv_local = max(model.kv_heads // t, 1) * model.head_dim   # GQA with t > kv_heads: one kv head, replicated
+    kv_local = model.kv_heads // t * model.head_dim     # kv heads split over tp (check_model: t divides them)
     q_local, f_local, a_local = h // t, model.ffn_hidden // t, model.heads // t
     replicated = rep_tokens * h * (4 * d + 2 * mask)
     mlp = (3 if model.gated_mlp else 2) * f_local * d

@@ -32,6 +32,16 @@ class ModelSpec:
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ValueError(f"model {self.name!r}: {f} must be a positive integer, got {v!r}")
+        for f in ("kv_heads", "ffn_hidden"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"model {self.name!r}: {f} must be a non-negative integer (0 = the default), "
+                                 f"got {v!r}")
+        if not isinstance(self.tied_embeddings, bool):
+            raise ValueError(f"model {self.name!r}: tied_embeddings must be true or false, got "
+                             f"{self.tied_embeddings!r}")
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"model name must be a non-empty string, got {self.name!r}")
         if self.arch not in ("gpt", "llama"):
             raise ValueError(f"model {self.name!r}: arch must be gpt or llama, got {self.arch!r}")
         if self.kv_heads == 0:

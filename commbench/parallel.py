@@ -1,6 +1,7 @@
 """Parallelism: a training plan (dp x tp x pp, ZeRO stage, micro-batching, ...)
 that validates itself, and its rank mesh in Megatron order (tp fastest, then dp,
 then pp): every rank's tp/dp/pp groups and whether each group spans nodes."""
+import math
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
@@ -43,6 +44,12 @@ class Parallelism:
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ValueError(f"{f.replace('_', '-')} must be a non-negative integer, got {v!r}")
+        for f in ("sp", "allow_tp_across_nodes"):
+            if not isinstance(getattr(self, f), bool):
+                raise ValueError(f"{f.replace('_', '-')} must be true or false, got {getattr(self, f)!r}")
+        b = self.bucket_mb
+        if not isinstance(b, (int, float)) or isinstance(b, bool) or not math.isfinite(b) or b <= 0:
+            raise ValueError(f"bucket-mb must be a positive finite number of MB, got {b!r}")
         if self.world % (self.tp * self.pp):
             raise ValueError(f"tp*pp = {self.tp * self.pp} does not divide world size {self.world}")
         if self.dp == 0:
@@ -68,8 +75,12 @@ class Parallelism:
                 raise ValueError(f"{f.replace('_', '-')} {v!r}: choose from {', '.join(DTYPE_BYTES)}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"pipeline schedule {self.schedule!r}: choose from {', '.join(SCHEDULES)}")
+        if self.interleave > 1 and self.schedule == "gpipe":
+            raise ValueError(f"interleave {self.interleave} needs the interleaved 1F1B schedule, not gpipe")
         if self.interleave > 1 and self.schedule != "interleaved":
             object.__setattr__(self, "schedule", "interleaved")
+        if self.schedule == "interleaved" and self.pp == 1:
+            raise ValueError("the interleaved schedule (--interleave > 1) needs pipeline parallelism (pp > 1)")
         if self.schedule == "interleaved" and self.pp > 1 and self.num_microbatches % self.pp:
             raise ValueError(f"interleaved 1F1B needs the micro-batch count ({self.num_microbatches}) "
                              f"to be a multiple of pp ({self.pp})")
@@ -77,8 +88,10 @@ class Parallelism:
             raise ValueError(f"recompute {self.recompute!r}: choose from {', '.join(RECOMPUTE)}")
         if self.zero_flavour not in ZERO_FLAVOURS:
             raise ValueError(f"zero flavour {self.zero_flavour!r}: choose from {', '.join(ZERO_FLAVOURS)}")
-        if self.bucket_mb <= 0:
-            raise ValueError(f"bucket size must be positive, got {self.bucket_mb} MB")
+        if self.zero_flavour == "deepspeed" and self.zero == 3:
+            raise ValueError("zero flavour deepspeed models ZeRO-1/2; ZeRO-3 is modelled as FSDP2 (zero flavour torch)")
+        if self.zero_flavour == "deepspeed" and self.zero == 2 and self.pp > 1:
+            raise ValueError("DeepSpeed's pipeline engine refuses ZeRO-2 (stage < 2 with pipeline parallelism)")
         if self.tp > self.gpus_per_node and not self.allow_tp_across_nodes:
             raise ValueError(f"tp {self.tp} spans nodes of {self.gpus_per_node} GPUs: tensor parallelism "
                              "is meant to stay inside a node (allow it explicitly to model it anyway)")
@@ -99,14 +112,17 @@ class Parallelism:
         """The rules that involve the model's shape."""
         if model.heads % self.tp:
             raise ValueError(f"heads {model.heads} of {model.name} are not divisible by tp {self.tp}")
-        if model.kv_heads % self.tp and self.tp % model.kv_heads:
-            raise ValueError(f"kv heads {model.kv_heads} of {model.name} and tp {self.tp}: "
-                             "one must divide the other")
+        if model.kv_heads % self.tp:
+            # Megatron-core splits the query groups: divide(num_query_groups, tp)
+            raise ValueError(f"kv heads {model.kv_heads} of {model.name} are not divisible by tp {self.tp}")
         if model.num_layers % (self.pp * self.interleave):
             raise ValueError(f"layers {model.num_layers} of {model.name} are not divisible by "
                              f"pp x interleave = {self.pp} x {self.interleave}")
         if model.ffn_hidden % self.tp:
             raise ValueError(f"ffn hidden {model.ffn_hidden} of {model.name} is not divisible by tp {self.tp}")
+        if model.arch == "gpt" and self.seq_for(model) > model.seq:
+            raise ValueError(f"seq {self.seq_for(model)} is longer than the {model.seq} learned positions of "
+                             f"{model.name}")
         if self.sp and self.seq_for(model) % self.tp:
             raise ValueError(f"sequence parallelism: seq {self.seq_for(model)} is not divisible by tp {self.tp}")
 

@@ -11,6 +11,7 @@ inputs (predict.simulate: plans that differ only in ZeRO-0 or ZeRO-1 run the
 same pipeline). Both return what was computed before for the same inputs, so
 each plan's prediction is the one `commbench predict` gives for it."""
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
 from commbench import plan as plan_mod
@@ -19,9 +20,6 @@ from commbench import predict, search
 # the parts of a StepBreakdown that are time not spent computing, for "largest exposed"
 EXPOSED_PARTS = (("tp_exposed_s", "TP"), ("pp_exposed_s", "PP"), ("dp_exposed_s", "DP/ZeRO"),
                  ("bubble_s", "bubble"))
-# the peak table's key for a plan dtype (fp32 training runs its GEMMs on TF32 tensor cores)
-PEAK_KEY = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16", "fp32": "tf32",
-            "float32": "tf32"}
 
 
 class CachedTimes:
@@ -79,12 +77,13 @@ class CachedTimes:
 def peak_tflops(spec, dtype: str, override: float | None = None) -> float | None:
     """Peak dense TFLOPS per GPU for MFU: the override, else the spec's for the dtype, else None."""
     if override is not None:
-        if not override > 0:
-            raise ValueError(f"--peak-tflops must be positive, got {override}")
+        if not (override > 0 and math.isfinite(override)):
+            raise ValueError(f"--peak-tflops must be a positive finite number, got {override}")
         return override
     if spec is None:
         return None
-    return spec.peak_tflops.get(PEAK_KEY.get(dtype, dtype))
+    from commbench.system import peak_key
+    return spec.peak_tflops.get(peak_key(dtype))
 
 
 def largest_exposed(breakdown: dict) -> tuple:

@@ -64,6 +64,16 @@ def _pyplot():
     return plt
 
 
+def save_figure(fig, path: str, **kw):
+    """fig to path, then closed; a path that cannot be written is a ValueError."""
+    try:
+        fig.savefig(path, **kw)
+    except OSError as e:
+        raise ValueError(f"--plot {path}: cannot write it ({e.strerror or e})") from None
+    finally:
+        _pyplot().close(fig)
+
+
 BREAKDOWN_BARS = (("compute_s", "compute"), ("tp_exposed_s", "TP"), ("pp_exposed_s", "PP"),
                   ("dp_exposed_s", "DP/ZeRO"), ("bubble_s", "bubble"), ("optimizer_s", "optimizer"))
 
@@ -104,5 +114,4 @@ def plot(rows: list, mode: str, title: str, path: str):
         fig = figure(rows, mode, title)
     except ValueError as e:
         raise ValueError(f"--plot: {e}") from None
-    fig.savefig(path)
-    _pyplot().close(fig)
+    save_figure(fig, path)

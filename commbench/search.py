@@ -69,10 +69,10 @@ def enumerate_plans(model: ModelSpec, world: int, gpus_per_node: int, global_bat
     sp = _check_choices("sp", sp, allowed=(False, True))
     interleave = _check_choices("interleave", interleave, positive_int=True)
     recompute = _check_choices("recompute", recompute, allowed=RECOMPUTE)
-    if not isinstance(global_batch, int) or isinstance(global_batch, bool) or global_batch < 1:
-        raise ValueError(f"global batch must be a positive integer, got {global_batch!r}")
     # world, gpus-per-node, the whole-nodes rule, seq and dtype: once, not per candidate
     Parallelism(world=world, gpus_per_node=gpus_per_node, seq=seq, dtype=dtype)
+    if not isinstance(global_batch, int) or isinstance(global_batch, bool) or global_batch < 1:
+        raise ValueError(f"global batch must be a positive integer, got {global_batch!r}")
     reject = rejected if rejected is not None else Counter()
 
     for tp in [d for d in _divisors(gpus_per_node) if world % d == 0]:

@@ -30,9 +30,16 @@ SYSTEMS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "systems"
 PEAK_DTYPES = ("bf16", "fp16", "tf32", "fp32")
 COMPUTE_KINDS = ("gemm", "attention", "elementwise", "optimizer", "other")
 MATMUL_KINDS = ("gemm", "attention")
-# ComputeOp dtype spellings -> the peak table's keys
+# ComputeOp dtype spellings -> the peak table's keys. fp32 GEMMs run at the fp32
+# peak: torch leaves TF32 matmuls off unless asked (torch.backends.cuda.matmul.allow_tf32)
 _DTYPE_KEYS = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16", "half": "fp16",
                "fp32": "fp32", "float32": "fp32", "float": "fp32", "tf32": "tf32"}
+
+
+def peak_key(dtype: str) -> str | None:
+    """The peak table's key for a dtype spelling (None: not a GEMM dtype): the
+    peak a GEMM in that dtype is timed at, and MFU is taken against."""
+    return _DTYPE_KEYS.get(str(dtype).lower())
 
 
 def _positive_number(v) -> bool:
@@ -176,7 +183,7 @@ class SystemSpec:
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
                 raise ValueError(f"compute op {op.name!r}: {f} must be a number >= 0, got {v!r}")
         if op.kind in MATMUL_KINDS:
-            key = _DTYPE_KEYS.get(str(op.dtype).lower())
+            key = peak_key(op.dtype)
             if key is None:
                 raise ValueError(f"compute op {op.name!r}: dtype {op.dtype!r} has no peak in {self.name} "
                                  f"(peaks for {', '.join(PEAK_DTYPES)})")

@@ -103,9 +103,6 @@ def check_plan(model: ModelSpec, par: Parallelism):
     if par.grad_dtype != par.dtype and not (par.zero >= 2 and par.dp > 1):
         raise ValueError(f"grad dtype {par.grad_dtype} != dtype {par.dtype} is not supported by validate "
                          "without FSDP (zero 2/3): DDP reduces gradients in the parameters' dtype")
-    if par.tp > 1 and model.kv_heads % par.tp:
-        raise ValueError(f"tp {par.tp} is not supported by validate for {model.name}: DTensor's colwise "
-                         f"k/v would split its {model.kv_heads} kv heads")
     if par.pp > 1 and par.num_microbatches < par.pp:
         raise ValueError(f"{par.num_microbatches} micro-batches on {par.pp} stages are not supported by validate: "
                          "torch pipelining schedules need at least as many micro-batches as stages")
@@ -113,9 +110,6 @@ def check_plan(model: ModelSpec, par: Parallelism):
         raise ValueError(f"{par.num_microbatches} micro-batches on {par.pp} stages with DDP are not supported by "
                          "validate: DDP's bucket rebuild fails an internal assertion under torch pipelining "
                          "(rebuilt parameter indices twice the parameters, seen with torch 2.13)")
-    if model.arch == "gpt" and par.seq_for(model) > model.seq:
-        raise ValueError(f"seq {par.seq_for(model)} is not supported by validate for {model.name}: "
-                         f"its learned positions stop at {model.seq}")
 
 
 def _check_args(par: Parallelism, steps: int, warmup: int):

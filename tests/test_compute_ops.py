@@ -3,6 +3,7 @@ Llama layer at tp = 1, 2, 4), their sum against Megatron's formula, recompute,
 sequence parallelism, the optimizer shard and stage placement."""
 import pytest
 
+from commbench import plan
 from commbench.compute.ops import compute_ops
 from commbench.models import ModelSpec
 from commbench.parallel import Parallelism
@@ -81,13 +82,16 @@ def test_llama_layer_gqa_and_swiglu(tp):
     assert (ops["logits fwd"].n, ops["embedding fwd"].k) == (32000 // tp, 32000 // tp)
 
 
-def test_kv_heads_replicated_beyond_their_count():
+def test_kv_heads_split_over_tp():
     m = ModelSpec("gqa", num_layers=2, hidden=512, heads=8, vocab=1000, seq=128, kv_heads=2, arch="llama",
                   tied_embeddings=False)
-    ops = by_name(compute_ops(m, Parallelism(world=4, gpus_per_node=4, tp=4)))
-    # 2 kv heads on 4 ranks: each rank holds one (replicated) kv head of 64
-    assert ops["qkv fwd"].n == 512 // 4 + 2 * 64
+    ops = by_name(compute_ops(m, Parallelism(world=2, gpus_per_node=2, tp=2)))
+    # 2 kv heads on 2 ranks: one kv head of 64 each, for K and for V
+    assert ops["qkv fwd"].n == 512 // 2 + 2 * 64
     assert dict(ops["attention fwd"].params)["kv_heads"] == 1
+    # Megatron-core divides the query groups over tp: 2 kv heads do not go 4 ways
+    with pytest.raises(ValueError, match="kv heads 2 of gqa are not divisible by tp 4"):
+        plan.build(m, Parallelism(world=4, gpus_per_node=4, tp=4))
 
 
 @pytest.mark.parametrize("tp,pp", [(1, 1), (2, 1), (1, 2), (2, 2)])

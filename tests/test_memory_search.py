@@ -56,10 +56,10 @@ def test_llama_layer_is_derived_from_its_shapes():
                + tok * 3 * (f // t) * 2              # gate + up outputs, down input
                + (a // t) * s * s * b * 2)           # softmax output (no dropout)
     assert layer_activation_bytes(m, s, b, t, False, "none", 2) == by_hand
-    # GQA with tp > kv heads: each rank keeps one (replicated) kv head
+    # GQA with tp = kv heads: each rank keeps one kv head
     tiny = models.get("tiny-llama")                  # 4 heads, 2 kv heads, head dim 16
-    one = layer_activation_bytes(tiny, 64, 1, 4, False, "selective", 2)
-    assert one == 64 * 64 * 2 * 4 + 64 * (16 + 16) * 2 * 2 + 64 * 3 * (176 // 4) * 2
+    one = layer_activation_bytes(tiny, 64, 1, 2, False, "selective", 2)
+    assert one == 64 * 64 * 2 * 4 + 64 * (32 + 16) * 2 * 2 + 64 * 3 * (176 // 2) * 2
 
 
 def test_stage_activations_follow_the_schedule():

@@ -66,6 +66,19 @@ def test_user_model_files(tmp_path):
         models.get("gpt5-1t")
 
 
+@pytest.mark.parametrize("extra, rule", [
+    ('"ffn_hidden": -1', "ffn_hidden must be a non-negative integer"),
+    ('"ffn_hidden": 3.5', "ffn_hidden must be a non-negative integer"),
+    ('"kv_heads": "x"', "kv_heads must be a non-negative integer"),
+    ('"tied_embeddings": "no"', "tied_embeddings must be true or false"),
+])
+def test_model_file_field_types(tmp_path, extra, rule):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"num_layers": 2, "hidden": 32, "heads": 4, "vocab": 100, "seq": 16, ' + extra + "}")
+    with pytest.raises(ValueError, match=rule):
+        models.get(str(bad))
+
+
 @pytest.mark.parametrize("kwargs, rule", [
     (dict(world=16, tp=3), "does not divide world size 16"),
     (dict(world=16, tp=2, pp=2, dp=3), r"tp\*pp\*dp = 12 but world size is 16"),
@@ -80,6 +93,17 @@ def test_user_model_files(tmp_path):
     (dict(world=0), "world must be a positive integer"),
     (dict(world=10, gpus_per_node=4), "whole number of nodes"),
     (dict(world=8, pp=2, interleave=2, global_batch=12), "multiple of pp"),
+    (dict(world=8, interleave=2), "needs pipeline parallelism"),
+    (dict(world=8, schedule="interleaved"), "needs pipeline parallelism"),
+    (dict(world=8, pp=2, interleave=2, schedule="gpipe", global_batch=16), "not gpipe"),
+    (dict(world=8, sp="false", tp=2), "sp must be true or false"),
+    (dict(world=8, allow_tp_across_nodes="no"), "allow-tp-across-nodes must be true or false"),
+    (dict(world=8, bucket_mb=float("inf")), "bucket-mb must be a positive finite"),
+    (dict(world=8, bucket_mb=float("nan")), "bucket-mb must be a positive finite"),
+    (dict(world=8, bucket_mb=True), "bucket-mb must be a positive finite"),
+    (dict(world=8, bucket_mb="x"), "bucket-mb must be a positive finite"),
+    (dict(world=8, zero=3, zero_flavour="deepspeed"), "ZeRO-3 is modelled as FSDP2"),
+    (dict(world=8, pp=2, zero=2, zero_flavour="deepspeed"), "refuses ZeRO-2"),
 ])
 def test_every_validation_rule_names_itself(kwargs, rule):
     with pytest.raises(ValueError, match=rule):
@@ -90,7 +114,10 @@ def test_every_validation_rule_names_itself(kwargs, rule):
     ("gpt3-13b", dict(world=24, gpus_per_node=8, tp=8, pp=3), "layers 40 .* not divisible by pp"),
     ("gpt3-125m", dict(world=16, gpus_per_node=8, tp=8), "heads 12 .* not divisible by tp 8"),
     (models.ModelSpec("gqa6", 4, 768, 12, 100, 16, kv_heads=6), dict(world=4, gpus_per_node=4, tp=4),
-     "kv heads 6 .* tp 4: one must divide the other"),
+     "kv heads 6 of gqa6 are not divisible by tp 4"),
+    # Megatron-core divides the query groups over tp: 8 kv heads cannot go 16 ways
+    ("llama2-70b", dict(world=16, gpus_per_node=16, tp=16), "kv heads 8 of llama2-70b are not divisible by tp 16"),
+    ("gpt3-175b", dict(world=8, gpus_per_node=8, seq=4096), "seq 4096 is longer than the 2048 learned positions"),
     ("tiny-gpt", dict(world=4, gpus_per_node=4, tp=2, sp=True, seq=63), "seq 63 is not divisible by tp 2"),
 ])
 def test_model_rules(model, kwargs, rule):

@@ -188,11 +188,12 @@ def test_no_tp_and_bad_arguments():
         tp.comm_ops(m, Parallelism(world=2, gpus_per_node=2, tp=2), flavour="nccl")
     with pytest.raises(ValueError, match="grad_reads"):
         tp.comm_ops(m, Parallelism(world=2, gpus_per_node=2, tp=2), grad_reads=0)
-    # tiny-llama has 2 kv heads: Megatron replicates them over tp 4, DTensor cannot split them
+    # tiny-llama has 2 kv heads: Megatron-core divides the query groups over tp, as DTensor
+    # splits k/v: neither runs tp 4
     llama = models.get("tiny-llama")
-    assert tp.comm_ops(llama, Parallelism(world=4, gpus_per_node=4, tp=4))
-    with pytest.raises(ValueError, match="kv heads"):
-        tp.comm_ops(llama, Parallelism(world=4, gpus_per_node=4, tp=4), flavour="dtensor")
+    for flavour in ("megatron", "dtensor"):
+        with pytest.raises(ValueError, match="kv heads 2 of tiny-llama are not divisible by tp 4"):
+            tp.comm_ops(llama, Parallelism(world=4, gpus_per_node=4, tp=4), flavour=flavour)
     with pytest.raises(ValueError, match="heads 4 of tiny-gpt are not divisible by tp 8"):
         tp.comm_ops(m, Parallelism(world=8, gpus_per_node=8, tp=8))
 

@@ -122,3 +122,17 @@ def test_unknown_name_and_bad_json(tmp_path):
         system.load(str(p))
     with pytest.raises(ValueError, match="cannot read"):
         system.load(str(tmp_path / "missing.json"))
+
+
+@pytest.mark.parametrize("dtype, peak", [("bf16", 312), ("bfloat16", 312), ("fp16", 312), ("float16", 312),
+                                         ("fp32", 19.5), ("float32", 19.5)])
+def test_predict_mfu_is_against_the_peak_gemms_are_timed_at(capsys, dtype, peak):
+    # every spelling of a dtype gets its peak, and fp32 is the fp32 peak its GEMMs run at
+    from commbench import cli
+    code = cli.main(["predict", "--model", "gpt3-125m", "--world", "8", "--gpus-per-node", "4", "--global-batch", "16",
+                     "--dtype", dtype, "--system", "polaris", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["mfu"] == pytest.approx(doc["tflops_per_gpu"] / peak, rel=1e-12)
+    assert system.peak_key(dtype) == ("fp32" if peak == 19.5 else "bf16" if "b" in dtype else "fp16")

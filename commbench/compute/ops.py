@@ -145,8 +145,7 @@ def layer_ops(model: ModelSpec, par: Parallelism, count: int) -> list:
     # with sequence parallelism norms, dropout and residuals run on s/t tokens
     rows = tokens // t if par.sp else tokens
     h, f = model.hidden, model.ffn_hidden
-    # kv heads are split over tp, or replicated when there are fewer than tp of them
-    kv = max(1, model.kv_heads // t) * model.head_dim
+    kv = model.kv_heads // t * model.head_dim       # kv heads split over tp (check_model: t divides them)
     full = par.recompute == "full"
     ops = _norm_ops("norm1", model, rows, count, dtype, e, full)
     ops += linear("qkv", tokens, h, h // t + 2 * kv, count, dtype, e, full)

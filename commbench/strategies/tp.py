@@ -88,21 +88,17 @@ CE_DTYPE = "fp32"
 def implementation_limit(model: ModelSpec, par: Parallelism, flavour: str) -> str | None:
     """What keeps the torch implementation of a flavour (megatron: commbench's
     megatron_tp.py; dtensor: DTensor's tp_plan in training.py) from running the
-    plan's tensor parallelism, or None."""
+    plan's tensor parallelism (a plan that passed check_model), or None."""
     if flavour == "megatron":
         if par.sp:
             return "sequence parallelism"
         if par.pp > 1:
             return "pipeline parallelism"
-        if model.kv_heads % par.tp or model.vocab % par.tp:
-            return f"kv heads {model.kv_heads} or vocabulary {model.vocab} not divisible by tp {par.tp}"
+        if model.vocab % par.tp:
+            return f"vocabulary {model.vocab} not divisible by tp {par.tp}"
         return None
-    if model.kv_heads % par.tp:
-        return f"kv heads {model.kv_heads} not divisible by tp {par.tp} (colwise k/v)"
     if par.recompute == "selective":
         return "selective recompute"
-    if model.arch == "gpt" and par.seq_for(model) > model.seq:
-        return f"seq {par.seq_for(model)} beyond the learned positions ({model.seq})"
     return None
 
 
@@ -200,9 +196,6 @@ def comm_ops(model: ModelSpec, par: Parallelism, flavour: str = "megatron", grad
     par.check_model(model)
     if par.tp == 1:
         return []
-    if flavour == "dtensor" and model.kv_heads % par.tp:
-        raise ValueError(f"flavour dtensor: ColwiseParallel splits k/v of {model.name} ({model.kv_heads} kv heads) "
-                         f"into {par.tp} parts of less than a head; Megatron replicates kv heads instead")
     m = par.num_microbatches
     act = par.micro_batch * par.seq_for(model) * model.hidden * DTYPE_BYTES[par.dtype]
     ce = par.micro_batch * par.seq_for(model)           # one value per token
