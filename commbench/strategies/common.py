@@ -64,12 +64,14 @@ def rank_params(model: ModelSpec, par: Parallelism, stage: int = 0) -> list:
     """Parameters held by a rank of pipeline stage `stage`, in registration order.
     The first stage holds the (vocab-parallel) embedding and, for GPT, the learned
     positions; the last the final norm and the output layer (vocab-parallel; with
-    tied embeddings and pp = 1 it is the embedding itself)."""
+    tied embeddings and pp = 1 it is the embedding itself). A vocabulary that tp
+    does not divide is split unevenly: the largest shard, ceil(V / tp) rows."""
     tp, h = par.tp, model.hidden
+    vocab_rows = -(-model.vocab // tp)
     first, last = stage == 0, stage == par.pp - 1
     out = []
     if first:
-        out.append(Param("embed.weight", model.vocab * h // tp, True))
+        out.append(Param("embed.weight", vocab_rows * h, True))
         if model.arch == "gpt":
             out.append(Param("pos.weight", model.seq * h, False))
     for i in stage_layers(model, par, stage):
@@ -79,7 +81,7 @@ def rank_params(model: ModelSpec, par: Parallelism, stage: int = 0) -> list:
         if model.has_bias:
             out.append(Param("norm.bias", h, False))
         if not model.tied_embeddings or not first:
-            out.append(Param("head.weight", model.vocab * h // tp, True))
+            out.append(Param("head.weight", vocab_rows * h, True))
     return out
 
 

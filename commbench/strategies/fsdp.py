@@ -125,8 +125,7 @@ def fsdp_units(model: ModelSpec, par: Parallelism, stage: int = 0) -> list:
     params = rank_params(model, par, stage)
     for p in params:                                # the shapes match common.rank_params
         s = local_shape(model, par.tp, p.name)
-        uneven_vocab = model.vocab % par.tp and p.name in ("embed.weight", "head.weight")
-        if math.prod(s) != p.numel and not uneven_vocab:
+        if math.prod(s) != p.numel:
             raise AssertionError(f"shape {s} of {p.name} does not hold {p.numel} elements")
     blocks = {i: [] for i in stage_layers(model, par, stage)}
     root = []

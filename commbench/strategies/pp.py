@@ -127,10 +127,10 @@ def comm_ops(model: ModelSpec, par: Parallelism) -> list:
         # Megatron (finalize_model_grads -> _allreduce_word_embedding_grads)
         # all-reduces that gradient over the 2-rank embedding group (first and last
         # rank of each pipeline) once per step, after the micro-batches: the
-        # vocab-parallel shard, vocab x h / tp elements in the gradient dtype.
+        # vocab-parallel shard, ceil(vocab / tp) x h elements in the gradient dtype.
         # torch.distributed.pipelining has no tied weights across stages; the test
         # issues this all-reduce itself, as Megatron does.
-        nb = model.vocab * model.hidden // par.tp * DTYPE_BYTES[par.grad_dtype]
+        nb = -(-model.vocab // par.tp) * model.hidden * DTYPE_BYTES[par.grad_dtype]
         for p in (0, P - 1):
             out.append(CommOp(collective="all_reduce", axis="pp", group_size=2,
                               num_nodes=_pair_nodes(par, 0, P - 1), nbytes=nb, count=1, phase="step",
