@@ -9,8 +9,8 @@ from commbench import __version__ as VERSION
 PARTS = (("compute_s", "compute"), ("tp_exposed_s", "TP exposed"), ("pp_exposed_s", "PP exposed"),
          ("dp_exposed_s", "DP/ZeRO exposed"), ("bubble_s", "pipeline bubble"), ("optimizer_s", "optimizer"),
          ("hidden_comm_s", "hidden DP/ZeRO comm (overlapped, not in the sum)"))
-TABLE_COLUMNS = ("op", "axis", "group", "nodes", "dtype", "size (B)", "p50 (us)", "busbw (GB/s)", "CV", "#wrong",
-                 "warnings")
+TABLE_COLUMNS = ("op", "axis", "group", "nodes", "dtype", "variant", "size (B)", "p50 (us)", "busbw (GB/s)", "CV",
+                 "#wrong", "warnings")
 
 
 def _s(x) -> str:
@@ -44,12 +44,15 @@ def _measurement_rows(rf) -> list:
     for m in rf.measurements:
         c, s = m.case, m.stats or {}
         group = f"{c.group_size}" + (f" x{c.concurrent_groups}" if c.concurrent_groups != 1 else "")
+        # what else tells two cases of one shape apart: in place or not, the reduction op
+        variant = ("in-place" if c.in_place else "out-of-place") + \
+            (f" {c.params['redop']}" if c.params.get("redop") else "")
         if m.status != "ok":
-            rows.append((c.op, c.axis, group, str(c.num_nodes), c.dtype, str(c.nbytes), "", "", "", "",
+            rows.append((c.op, c.axis, group, str(c.num_nodes), c.dtype, variant, str(c.nbytes), "", "", "", "",
                          f"skipped: {m.skip_reason}"))
             continue
         p50, cv = s.get("time_p50_s"), s.get("cv")
-        rows.append((c.op, c.axis, group, str(c.num_nodes), c.dtype, str(c.nbytes),
+        rows.append((c.op, c.axis, group, str(c.num_nodes), c.dtype, variant, str(c.nbytes),
                      "" if p50 is None else f"{p50 * 1e6:.2f}",
                      "" if m.busbw_gbps is None else f"{m.busbw_gbps:.4g}",
                      "" if cv is None else f"{cv:.1%}", str(m.num_wrong), "; ".join(m.warnings)))

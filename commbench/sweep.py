@@ -90,7 +90,7 @@ def plan_cases(workload, par, hosts, isolated=False):
 
 def case_of(backend, config, layout, coll, dtype, redop, in_place, nbytes, send, recv) -> Case:
     """The Case (the key of a measurement) of one entry of the sweep on this backend."""
-    case_in_place = in_place or coll.single_buffer or coll.name in backend.in_place_only
+    case_in_place = coll.has_in_place and (in_place or coll.single_buffer or coll.name in backend.in_place_only)
     params = {"count": recv, "world_size": backend.world_size}
     if coll.has_redop:
         params["redop"] = redop
@@ -243,7 +243,10 @@ def _run_cases(config, launch, argv, out_path, overwrite, reporter, plan, isolat
     total_wrong = 0
     # the index of a case in the whole sweep is its position for the watchdog (the same on every rank)
     todo = [(i, layout, c, case_of(backend, config, layout, *c)) for i, (layout, c) in enumerate(todo)]
-    todo = [t for t in todo if t[3].key() not in done]
+    # one measurement per Case: --in-place both asks twice for what runs in place only
+    # (torch's all_reduce) or has no in-place form (send_recv)
+    first = {}
+    todo = [t for t in todo if first.setdefault(t[3].key(), t) is t and t[3].key() not in done]
     if reporter and backend.rank == 0:
         reporter.start(len(todo))
     stats.summarize([1e-6, 2e-6, 3e-6])      # its lazy scipy import takes seconds: not inside a deadline

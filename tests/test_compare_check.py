@@ -86,6 +86,18 @@ def test_twice_slower_is_slower_with_ratio_2(tmp_path):
     assert v == {"faster"}
 
 
+def test_the_ratio_comes_from_the_raw_samples_not_the_stored_stats(tmp_path):
+    # a file whose samples are twice as slow but whose stored statistics were left as
+    # they were: the verdict follows the samples (the statistics are derived from them)
+    a = system(tmp_path / "a.jsonl", seed=1)
+    rf = results.load(system(tmp_path / "b.jsonl", seed=2))
+    for m in rf.measurements:
+        m.samples_s = [2 * x for x in m.samples_s]
+    b = write(tmp_path / "stale.jsonl", rf.measurements)
+    pair, v = verdict_set(a, b)
+    assert v == {"slower"} and all(abs(r.ratio - 2) < 0.1 for r in pair.rows)
+
+
 def test_significant_3_percent_is_the_same_because_of_the_factor(tmp_path):
     a = system(tmp_path / "a.jsonl", seed=1, n=400, spread=0.005)
     b = system(tmp_path / "b.jsonl", 1.03, seed=2, n=400, spread=0.005)

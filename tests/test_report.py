@@ -76,7 +76,7 @@ def test_files_and_embedded_figures(report):
     assert not re.search(r"https?://|\bsrc=\"(?!data:)|<link|<script|@import|url\(", page, re.I)
     assert "test &lt;report&gt;" in page and "<report>" not in page
     for word in ("Bus bandwidth against size", "Training step", "all_reduce", "p50 (us)", "busbw (GB/s)",
-                 "torch", "ranks", "command"):
+                 "torch", "ranks", "command", "variant", "in-place sum"):
         assert word in page
     links = re.findall(r"!\[[^\]]*\]\((figures/[^)]+\.png)\)", md)
     assert len(links) == nfig and all((out / p).stat().st_size > 1000 for p in links)

@@ -220,3 +220,21 @@ def test_json_and_csv_exports(tmp_path):
                 "algbw_gbps", "busbw_gbps", "num_wrong"):
         assert col in df.columns
     assert len(df) == 3 and math.isnan(df[df.op == "barrier"].busbw_gbps.iloc[0])
+
+
+def test_in_place_both_measures_each_case_once(tmp_path):
+    """--in-place both on gloo: all_reduce runs in place only (torch has no
+    out-of-place form) and send_recv / barrier have no in-place form: one
+    measurement each per size, all_gather both ways."""
+    out = tmp_path / "ip.jsonl"
+    p = commbench("run", "--nprocs", "2", "--collective", "all_reduce,all_gather,send_recv,barrier", "-b", "1K",
+                  "-e", "2K", *FAST, "-n", "2", "--in-place", "both", "--out", out, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    ms = results.load(str(out)).measurements
+    keys = [m.case.key() for m in ms]
+    assert len(keys) == len(set(keys))
+    modes = {}
+    for m in ms:
+        modes.setdefault(m.case.op, []).append(m.case.in_place)
+    assert modes == {"all_reduce": [True, True], "all_gather": [False, False, True, True],
+                     "send_recv": [False, False], "barrier": [False]}

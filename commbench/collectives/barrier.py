@@ -4,6 +4,7 @@ from commbench.collectives.base import Collective, Prepared
 class Barrier(Collective):
     """Latency only: no payload, so no bandwidth."""
     name = "barrier"
+    has_in_place = False
 
     def counts(self, nbytes, n, itemsize):
         return 0, 0

@@ -74,6 +74,7 @@ class Collective:
     has_root = False
     min_group = 1
     single_buffer = False    # one buffer is input and output on every backend: always in place
+    has_in_place = True      # False: no in-place form (point-to-point, barrier): always out of place
 
     def counts(self, nbytes: int, n: int, itemsize: int) -> tuple[int, int]:
         """(send, recv) element counts for a requested size, rounded down to whole

@@ -19,6 +19,7 @@ class SendRecv(Collective):
     """Unidirectional: the lower rank of each pair sends, the upper one receives.
     busbw = algbw = S / t (OSU osu_bw's quantity, one message at a time)."""
     name = "send_recv"
+    has_in_place = False
     min_group = 2
 
     def prepare(self, backend, g, dtype, send, recv, redop, in_place, root=0):
@@ -36,6 +37,7 @@ class SendRecvBidir(Collective):
     """Bidirectional: both ranks of a pair send and receive S at once. Both
     directions are reported together, as OSU osu_bibw: algbw = busbw = 2 S / t."""
     name = "send_recv_bidir"
+    has_in_place = False
     min_group = 2
 
     def algbw_gbps(self, nbytes, time_s):
