@@ -147,7 +147,8 @@ def build_parser() -> Parser:
     mode.add_argument("--weak", dest="mode", action="store_const", const="weak",
                       help="hold the micro-batch per GPU (default)")
     mode.add_argument("--strong", dest="mode", action="store_const", const="strong", help="hold the global batch")
-    g.add_argument("--plot", default=None, help="with --scale: write a PNG of the scaling curves here")
+    g.add_argument("--plot", default=None, help="with --scale: write the scaling curves to this .png/.pdf/.svg")
+    g.add_argument("--force", action="store_true", help="replace an existing --plot file")
     pr.add_argument("--json", action="store_true", help="print the StepBreakdown as one JSON document")
     v = sub.add_parser("validate", help="real training steps of a plan against its prediction")
     planflags.add(v, required=False)
@@ -210,17 +211,35 @@ def _config(a):
     from commbench.config import RunConfig
     from commbench.sizes import parse_size
     from commbench.timing import TimingSettings
+    if a.stepbytes is not None and a.stepfactor is not None:
+        raise ValueError("give -f/--stepfactor or -i/--stepbytes, not both")
     stepbytes = parse_size(a.stepbytes) if a.stepbytes is not None else None
     stepfactor = a.stepfactor if a.stepfactor is not None else (None if stepbytes is not None else 2.0)
     config = RunConfig(
         minbytes=parse_size(a.minbytes), maxbytes=parse_size(a.maxbytes), stepfactor=stepfactor,
-        stepbytes=stepbytes, collectives=a.collective, dtypes=a.dtype or "float32", redops=a.op, backend=a.backend,
+        stepbytes=stepbytes, collectives=a.collective, dtypes="float32" if a.dtype is None else a.dtype, redops=a.op,
+        backend=a.backend,
         dist_backend=a.dist_backend, device=a.device if a.device in ("cpu", "cuda") else "cpu", layouts=a.groups,
         in_place=a.in_place, check_iters=a.check, root=a.root, timeout_s=a.timeout, keep_rank_samples=a.keep_rank_samples,
         timing=TimingSettings(warmup=a.warmup, iters=a.iters, max_iters=a.max_iters,
                               time_budget_s=a.time_budget, target_ci=a.target_ci))
     # resolving the device imports torch (seconds): only once everything else is valid
-    return dataclasses.replace(config, device=_device(a.device, a.backend))
+    config = dataclasses.replace(config, device=_device(a.device, a.backend))
+    _check_backend_here(config)
+    return config
+
+
+def _check_backend_here(config):
+    """What every rank would find missing, found once here before any rank starts."""
+    import importlib.util
+    if config.backend == "cupy" and importlib.util.find_spec("cupy") is None:
+        raise ValueError("--backend cupy needs cupy (pip install 'commbench[gpu]')")
+    if config.backend == "torch" and config.dist_backend == "nccl" and config.device != "cuda":
+        raise ValueError("--dist-backend nccl runs on GPUs: it needs --device cuda")
+    if config.backend == "torch" and config.dist_backend == "mpi":
+        import torch.distributed as dist
+        if not dist.is_mpi_available():
+            raise ValueError("--dist-backend mpi: this torch is built without MPI (use --backend mpi for mpi4py)")
 
 
 def _default_out(verb: str = "run") -> str:
@@ -258,6 +277,8 @@ def _run_plan(a, world: int, gpus_per_node: int):
     """(model, Parallelism) of `run --plan/--model ...` on a job of `world` ranks,
     or None without a plan."""
     if not planflags.given(a):
+        if a.isolated:
+            raise ValueError("--isolated measures a plan's groups one at a time: give --model or --plan with it")
         return None
     defaults = {"world": world, "gpus_per_node": gpus_per_node}
     if a.dtype:
@@ -330,9 +351,7 @@ def cmd_compute(a, argv) -> int:
     from commbench.timing import TimingSettings
     settings = TimingSettings(warmup=a.warmup, iters=a.iters, max_iters=a.max_iters, time_budget_s=a.time_budget,
                               target_ci=a.target_ci)
-    if settings.iters < 1 or settings.warmup < 0 or settings.max_iters < settings.iters or settings.time_budget_s < 0 \
-            or settings.target_ci < 0:
-        raise ValueError("timing flags: -n >= 1, -w >= 0, --max-iters >= -n, --time-budget >= 0, --target-ci >= 0")
+    settings.check()
     if a.device not in ("auto", "cpu", "cuda"):
         raise ValueError(f"unknown device {a.device!r}: choose cpu, cuda or auto")
     _check_timeout(a.timeout)
@@ -373,12 +392,17 @@ def cmd_compute(a, argv) -> int:
 
 
 def cmd_predict(a) -> int:
+    from commbench import outputs
     from commbench import plan as plan_mod
     from commbench import predict, ranking, scaling
     model, par = planflags.from_args(a)
     counts = scaling.parse_counts(a.scale) if a.scale is not None else None
-    if a.plot and not counts:
+    if a.plot is not None and not counts:
         raise ValueError("--plot draws the scaling curves: give --scale too")
+    if a.mode and not counts:
+        raise ValueError(f"--{a.mode} says how to scale: give --scale too")
+    if a.plot is not None:
+        outputs.check_plot(a.plot, a.force)
     ranking.peak_tflops(None, par.dtype, a.peak_tflops)          # a bad --peak-tflops before any loading
     times = predict.load_times(a.comm, a.compute, a.system, a.interference, a.comm_backend)
     peak = ranking.peak_tflops(times.spec, par.dtype, a.peak_tflops)
@@ -582,10 +606,21 @@ def cmd_plan(a) -> int:
     return EXIT_OK
 
 
+def _refuse_empty(a):
+    """An empty string is no value: `--out ''` must not mean the default."""
+    for name, v in vars(a).items():
+        if v == "" or (isinstance(v, list) and "" in v):
+            flag = name.replace("_", "-")
+            raise ValueError(f"--{flag}: an empty value" if not name.startswith(("inputs", "files", "new", "log",
+                                                                                    "result", "name"))
+                             else f"{flag}: an empty file or name")
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         a = build_parser().parse_args(argv)
+        _refuse_empty(a)
         if a.verb == "run":
             return cmd_run(a, list(argv))
         if a.verb == "show":

@@ -35,6 +35,7 @@ def add_parsers(sub, predict_inputs):
     st.add_argument("--system", required=True, help="SystemSpec name(s) or file(s), comma-separated, "
                                                     "e.g. thetagpu,dgx-h100")
     st.add_argument("--out", default=None, metavar="DIR", help="write study.json and one PNG per experiment here")
+    st.add_argument("--force", action="store_true", help="replace study.json and the PNGs in --out")
     st.add_argument("--json", action="store_true", help="print the study as one JSON document")
 
 
@@ -89,8 +90,10 @@ def cmd_study(a) -> int:
     names = [x.strip() for x in a.system.split(",") if x.strip()]
     if not names:
         raise ValueError(f"--system {a.system!r}: give one or more SystemSpec names or files, comma-separated")
+    if a.out is not None:
+        study.check_out(a.out, a.force)
     doc = study.run(names)
-    paths = study.write(doc, a.out) if a.out else []
+    paths = study.write(doc, a.out) if a.out is not None else []
     if a.json:
         print(json.dumps(doc))
         return 0

@@ -14,7 +14,9 @@ def add_parsers(sub):
     c.add_argument("--factor", type=float, default=1.05,
                    help="practical threshold: a verdict needs p50 ratio > F or < 1/F (default 1.05)")
     c.add_argument("--alpha", type=float, default=0.05, help="significance level after Holm (default 0.05)")
-    c.add_argument("--plot", default=None, help="write busbw vs size per system and collective to this PNG")
+    c.add_argument("--plot", default=None, help="write busbw vs size per system and collective to this "
+                                                ".png/.pdf/.svg")
+    c.add_argument("--force", action="store_true", help="replace an existing --plot file")
     c.add_argument("--compute", nargs="+", default=None, metavar="FILE",
                    help="kernel times (commbench compute), one file per system in order: adds the predicted "
                         "step time of the plans in the headers")
@@ -26,6 +28,7 @@ def add_parsers(sub):
     k.add_argument("--alpha", type=float, default=0.05, help="significance level after Holm (default 0.05)")
     k.add_argument("--summary", default=None,
                    help="also write the markdown summary here (default: $GITHUB_STEP_SUMMARY when set, appended)")
+    k.add_argument("--force", action="store_true", help="replace an existing --summary file")
     k.add_argument("--json", action="store_true", help="print the report as one JSON document instead of markdown")
     b = sub.add_parser("baseline", help="manage reference results under baselines/")
     bs = b.add_subparsers(dest="baseline_verb", metavar="ACTION")
@@ -51,13 +54,15 @@ def dispatch(a) -> int:
 
 
 def cmd_compare(a) -> int:
-    from commbench import compare
+    from commbench import compare, outputs
+    if a.plot is not None:
+        outputs.check_plot(a.plot, a.force)
     files = compare.load_all(a.files)
     labels = compare.labels_for(files, [s.strip() for s in a.labels.split(",")] if a.labels else None)
     doc = compare.compare(files, labels, a.factor, a.alpha)
     doc["predictions"], notes = compare.predictions(files, labels, a.compute)
     doc["notes"] += notes
-    if a.plot:
+    if a.plot is not None:
         compare.plot(files, labels, a.plot)
         doc["plot"] = a.plot
     if a.json:
@@ -70,7 +75,9 @@ def cmd_compare(a) -> int:
 
 
 def cmd_check(a) -> int:
-    from commbench import check
+    from commbench import check, outputs
+    if a.summary is not None:
+        outputs.check_new(a.summary, a.force, "--summary")
     doc = check.check(a.baseline, a.new, a.factor, a.alpha)
     md = check.markdown(doc)
     target, mode = a.summary, "w"

@@ -1,5 +1,6 @@
 """The configuration of `commbench run`, validated on construction: a bad value
 is a ValueError naming the value and the rule."""
+import math
 from dataclasses import dataclass, field
 
 from commbench import collectives as coll_mod
@@ -41,22 +42,12 @@ class RunConfig:
             raise ValueError(f"unknown torch process-group backend {self.dist_backend!r}: gloo, nccl or mpi")
         if self.in_place not in IN_PLACE_MODES:
             raise ValueError(f"--in-place {self.in_place!r}: choose no, yes or both")
-        t = self.timing
-        if t.iters < 1:
-            raise ValueError(f"-n/--iters must be at least 1, got {t.iters}")
-        if t.warmup < 0:
-            raise ValueError(f"-w/--warmup must be >= 0, got {t.warmup}")
-        if t.max_iters < t.iters:
-            raise ValueError(f"--max-iters ({t.max_iters}) is below -n/--iters ({t.iters})")
-        if not 0 <= t.target_ci < 1:
-            raise ValueError(f"--target-ci must be in [0, 1), got {t.target_ci}")
-        if t.time_budget_s < 0:
-            raise ValueError(f"--time-budget must be >= 0, got {t.time_budget_s}")
+        self.timing.check()
         if self.check_iters < 0:
             raise ValueError(f"-c/--check must be >= 0, got {self.check_iters}")
         if self.root < 0:
             raise ValueError(f"-r/--root must be >= 0, got {self.root}")
-        if self.timeout_s is not None and not self.timeout_s > 0:
+        if self.timeout_s is not None and not (self.timeout_s > 0 and math.isfinite(self.timeout_s)):
             raise ValueError(f"--timeout must be positive, got {self.timeout_s}")
         self.sizes = sweep(self.minbytes, self.maxbytes, self.stepfactor, self.stepbytes)
         self.collective_list = coll_mod.parse(self.collectives)

@@ -48,12 +48,9 @@ class InterferenceConfig:
                 raise ValueError(f"--sms {','.join(map(str, self.sms))}: SM counts must be at least 1")
         if self.gemm_size < 1:
             raise ValueError(f"--gemm-size must be at least 1, got {self.gemm_size}")
-        t = self.timing
-        if t.iters < 1 or t.warmup < 0 or t.max_iters < t.iters:
-            raise ValueError(f"need -n >= 1, -w >= 0 and --max-iters >= -n; got -n {t.iters}, -w {t.warmup}, "
-                             f"--max-iters {t.max_iters}")
-        if not 0 <= t.target_ci < 1 or t.time_budget_s < 0 or (self.timeout_s is not None and not self.timeout_s > 0):
-            raise ValueError("need 0 <= --target-ci < 1, --time-budget >= 0 and --timeout > 0")
+        self.timing.check()
+        if self.timeout_s is not None and not (self.timeout_s > 0 and math.isfinite(self.timeout_s)):
+            raise ValueError(f"--timeout must be a positive finite number of seconds, got {self.timeout_s}")
 
     def window_s(self, partner_of_s: float) -> float:
         """An upper bound of one measurement's wall time, for an op taking

@@ -10,6 +10,7 @@ rank 0 of each node the GPU pairs it sees; rank 0 gathers and writes."""
 import contextlib
 import datetime
 import json
+import math
 import sys
 import uuid
 
@@ -296,11 +297,11 @@ def cli(a, argv) -> int:
     sizes = sweep(parse_size(a.minbytes), parse_size(a.maxbytes), stepfactor, stepbytes)
     settings = timing.TimingSettings(warmup=a.warmup, iters=a.iters, max_iters=a.max_iters,
                                      time_budget_s=a.time_budget, target_ci=a.target_ci)
-    if settings.iters < 1 or settings.warmup < 0 or settings.max_iters < settings.iters:
-        raise ValueError(f"need -n >= 1, -w >= 0 and --max-iters >= -n; got -n {a.iters}, -w {a.warmup}, "
-                         f"--max-iters {a.max_iters}")
-    if not 0 <= settings.target_ci < 1 or settings.time_budget_s < 0 or a.check < 0 or (a.timeout is not None and a.timeout <= 0):
-        raise ValueError("need 0 <= --target-ci < 1, --time-budget >= 0, -c >= 0 and --timeout > 0")
+    settings.check()
+    if a.check < 0:
+        raise ValueError(f"-c/--check must be >= 0, got {a.check}")
+    if a.timeout is not None and not (a.timeout > 0 and math.isfinite(a.timeout)):
+        raise ValueError(f"--timeout must be a positive finite number of seconds, got {a.timeout}")
     info = launch_mod.detect()
     if info.launcher == "none" and a.nprocs not in (None, 1):
         raise ValueError("--backend kernels needs no --nprocs: one process measures every visible GPU "

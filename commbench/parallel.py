@@ -11,6 +11,7 @@ DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "fl
 SCHEDULES = ("1f1b", "interleaved", "gpipe")
 RECOMPUTE = ("none", "selective", "full")
 ZERO_FLAVOURS = ("torch", "deepspeed")
+MAX_WORLD = 1 << 17             # 131072 GPUs: beyond any machine built, and plans stay quick to enumerate
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,8 @@ class Parallelism:
         b = self.bucket_mb
         if not isinstance(b, (int, float)) or isinstance(b, bool) or not math.isfinite(b) or b <= 0:
             raise ValueError(f"bucket-mb must be a positive finite number of MB, got {b!r}")
+        if self.world > MAX_WORLD:
+            raise ValueError(f"world size {self.world}: commbench models jobs of up to {MAX_WORLD} GPUs")
         if self.world % (self.tp * self.pp):
             raise ValueError(f"tp*pp = {self.tp * self.pp} does not divide world size {self.world}")
         if self.dp == 0:

@@ -38,8 +38,14 @@ _FLAG_TO_FIELD = {"world": "world", "gpus_per_node": "gpus_per_node", "dp": "dp"
 
 
 def given(a) -> bool:
-    """Whether the command line asks for a plan at all."""
-    return a.plan_file is not None or a.model is not None
+    """Whether the command line asks for a plan at all; plan fields without
+    --model or --plan are a ValueError (they would be ignored)."""
+    if a.plan_file is not None or a.model is not None:
+        return True
+    loose = [f for f in plan_mod.PLAN_FIELDS if getattr(a, f, None) is not None and f != "dtype"]
+    if loose:
+        raise ValueError(f"--{loose[0].replace('_', '-')} is a plan field: give --model or --plan with it")
+    return False
 
 
 def mapping(a, defaults: dict | None = None) -> dict:

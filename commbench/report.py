@@ -36,6 +36,13 @@ class Figure:
         return "data:image/png;base64," + base64.b64encode(self.png).decode("ascii")
 
 
+def _check_numbers(path: str, doc: dict, keys: tuple):
+    for k in keys:
+        v = doc.get(k)
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
+            raise ValueError(f"{path}: {k} is {v!r}, not a number")
+
+
 def _check_breakdown(path: str, b, where: str):
     if not isinstance(b, dict) or any(not isinstance(b.get(k), (int, float)) for k in BREAKDOWN_KEYS):
         raise ValueError(f"{path}: {where} lacks a breakdown with {', '.join(BREAKDOWN_KEYS)}")
@@ -62,10 +69,12 @@ def load_input(path: str) -> Source:
         raise ValueError(f"{path}: neither a commbench results file (JSON Lines with a header line) "
                          "nor a predict --json / validate.json document") from None
     if isinstance(doc, dict) and {"measured_step_time_s", "predicted_step_time_s", "prediction"} <= doc.keys():
+        _check_numbers(path, doc, ("measured_step_time_s", "predicted_step_time_s", "error_pct"))
         _check_breakdown(path, doc["prediction"].get("breakdown") if isinstance(doc["prediction"], dict) else None,
                          "the validation's prediction")
         return Source(path, "validate", doc)
     if isinstance(doc, dict) and {"step_time_s", "breakdown"} <= doc.keys():
+        _check_numbers(path, doc, ("step_time_s", "samples_per_s"))
         _check_breakdown(path, doc["breakdown"], "the prediction")
         sc = doc.get("scaling")
         if sc is not None:
@@ -190,14 +199,17 @@ def build(paths: list, out_dir: str, title: str = "commbench report", force: boo
     bd = breakdown_figure(sources)
     step_figs = ([bd] if bd else []) + scaling_figures(sources)
     fig_dir = os.path.join(out_dir, "figures")
+    fig_paths = [os.path.join(fig_dir, f.name + ".png") for f in figs + step_figs]
+    for p in fig_paths:
+        if os.path.exists(p) and not force:
+            raise ValueError(f"{p} exists: commbench never overwrites a report (use --force or another --out)")
+    # everything is rendered before the first file is written: a failure leaves nothing behind
+    pages = render_html(title, sources, figs, step_figs), render_markdown(title, sources, figs, step_figs)
     os.makedirs(fig_dir, exist_ok=True)
-    fig_paths = []
-    for f in figs + step_figs:
-        fig_paths.append(os.path.join(fig_dir, f.name + ".png"))
-        with open(fig_paths[-1], "wb") as fh:
+    for p, f in zip(fig_paths, figs + step_figs):
+        with open(p, "wb") as fh:
             fh.write(f.png)
-    with open(html_path, "w", encoding="utf-8") as fh:
-        fh.write(render_html(title, sources, figs, step_figs))
-    with open(md_path, "w", encoding="utf-8") as fh:
-        fh.write(render_markdown(title, sources, figs, step_figs))
+    for path, page in zip((html_path, md_path), pages):
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(page)
     return {"html": html_path, "markdown": md_path, "figures": fig_paths}

@@ -5,6 +5,7 @@ allow-listed env vars); each further line is one Measurement, appended and
 flushed as it completes, so a crash loses nothing that finished."""
 import dataclasses
 import json
+import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -65,11 +66,50 @@ class Measurement:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Measurement":
+        """A Measurement from its JSON form; TypeError (naming the field) where a
+        field has the wrong type."""
+        if not isinstance(d, dict) or not isinstance(d.get("case"), dict):
+            raise TypeError("not an object with a case")
         d = dict(d)
         d.pop("type", None)
         case = Case(**d.pop("case"))
+        _check_types(case, CASE_TYPES, "case.")
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(case=case, **{k: v for k, v in d.items() if k in names})
+        m = cls(case=case, **{k: v for k, v in d.items() if k in names})
+        _check_types(m, MEASUREMENT_TYPES, "")
+        if not all(_is_number(x) and math.isfinite(x) for x in m.samples_s):
+            raise TypeError("samples_s holds something other than finite numbers")
+        if m.status == "ok" and m.samples_s and "time_p50_s" not in m.stats:
+            from commbench.stats import summarize       # statistics are derived from the samples
+            m.stats = summarize(m.samples_s)
+        return m
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+# field -> what it must be (None allowed where the tuple says so)
+CASE_TYPES = {"kind": (str,), "op": (str,), "backend": (str,), "device": (str,), "dtype": (str,),
+              "nbytes": (int,), "group_size": (int,), "num_nodes": (int,), "axis": (str,), "in_place": (bool,),
+              "concurrent_groups": (int,), "params": (dict,)}
+MEASUREMENT_TYPES = {"status": (str,), "skip_reason": (str, None), "samples_s": (list,), "warmup": (int,),
+                     "target_ci": (float,), "stats": (dict,), "algbw_gbps": (float, None), "busbw_gbps": (float, None),
+                     "num_wrong": (int,), "wrong_ranks": (list,), "rank_time_p50_s": (list,),
+                     "rank_samples_s": (list, None), "slowest_rank": (int, None), "slowest_host": (str, None),
+                     "warnings": (list,)}
+
+
+def _check_types(obj, types: dict, prefix: str):
+    for name, allowed in types.items():
+        v = getattr(obj, name)
+        if v is None and None in allowed:
+            continue
+        ok = any(_is_number(v) if t is float else
+                 (isinstance(v, int) and not isinstance(v, bool)) if t is int else
+                 isinstance(v, t) for t in allowed if t is not None)
+        if not ok:
+            raise TypeError(f"{prefix}{name} is {v!r}")
 
 
 @dataclass
@@ -179,6 +219,9 @@ def load(path: str) -> ResultFile:
         raise ValueError(f"{path}: line 1 is not JSON: not a commbench results file") from None
     if not isinstance(header, dict) or header.get("type") != "header":
         raise ValueError(f"{path}: line 1 is not a commbench header")
+    for name in ("cluster", "versions", "env", "settings"):
+        if not isinstance(header.get(name, {}), dict):
+            raise ValueError(f"{path}: line 1: the header's {name} is {header[name]!r}, not an object")
     version = header.get("schema_version")
     if version not in SUPPORTED_SCHEMAS:
         raise ValueError(f"{path}: schema version {version!r} is not supported "
@@ -194,6 +237,6 @@ def load(path: str) -> ResultFile:
             raise ValueError(f"{path}: line {i} is not valid JSON") from None
         try:
             measurements.append(Measurement.from_dict(d))
-        except (TypeError, KeyError, AttributeError):
-            raise ValueError(f"{path}: line {i} is not a commbench measurement") from None
+        except (TypeError, KeyError, AttributeError) as e:
+            raise ValueError(f"{path}: line {i} is not a commbench measurement ({e})") from None
     return ResultFile(header=header, measurements=measurements, path=path)

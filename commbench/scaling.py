@@ -16,6 +16,9 @@ def parse_counts(text: str) -> list:
         raise ValueError(f"--scale {text!r}: a comma-separated list of GPU counts, e.g. 8,16,32") from None
     if not counts or any(c < 1 for c in counts):
         raise ValueError(f"--scale {text!r}: GPU counts must be positive integers")
+    from commbench.parallel import MAX_WORLD
+    if max(counts) > MAX_WORLD:
+        raise ValueError(f"--scale {text!r}: commbench models jobs of up to {MAX_WORLD} GPUs")
     return sorted(set(counts))
 
 

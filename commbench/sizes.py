@@ -1,4 +1,5 @@
 """Message sizes as nccl-tests takes them: bytes with K/M/G/T suffixes (powers of 2)."""
+import math
 import re
 
 _SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -24,12 +25,12 @@ def sweep(minbytes: int, maxbytes: int, stepfactor: float | None, stepbytes: int
     sizes = []
     size = minbytes
     if stepfactor is not None:
-        if stepfactor <= 1:
-            raise ValueError(f"stepfactor must be greater than 1, got {stepfactor}")
+        if not (stepfactor > 1 and math.isfinite(stepfactor)):
+            raise ValueError(f"-f/--stepfactor must be a finite number greater than 1, got {stepfactor}")
         if minbytes == 0 and maxbytes > 0:
             raise ValueError("a multiplicative sweep needs minbytes > 0")
         while size <= maxbytes:
-            sizes.append(size)
+            _add(sizes, size)
             if size == 0:
                 break
             nxt = int(size * stepfactor)
@@ -38,6 +39,16 @@ def sweep(minbytes: int, maxbytes: int, stepfactor: float | None, stepbytes: int
         if not stepbytes or stepbytes <= 0:
             raise ValueError(f"stepbytes must be positive, got {stepbytes}")
         while size <= maxbytes:
-            sizes.append(size)
+            _add(sizes, size)
             size += stepbytes
     return sizes
+
+
+MAX_SIZES = 10_000
+
+
+def _add(sizes: list, size: int):
+    if len(sizes) == MAX_SIZES:
+        raise ValueError(f"the sweep would have more than {MAX_SIZES} sizes: choose a larger -f/--stepfactor or "
+                         "-i/--stepbytes")
+    sizes.append(size)

@@ -158,8 +158,25 @@ def run(system_names, experiments=EXPERIMENTS) -> dict:
     return doc
 
 
+def out_paths(out_dir: str) -> list:
+    """study.json and one PNG per experiment, in out_dir."""
+    return [os.path.join(out_dir, "study.json")] + [os.path.join(out_dir, f"{e.name}.png") for e in EXPERIMENTS]
+
+
+def check_out(out_dir: str, force: bool):
+    """ValueError unless the study may be written to out_dir (nothing is replaced without force)."""
+    from commbench import outputs
+    if not out_dir:
+        raise ValueError("--out: give a folder, not an empty string")
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise ValueError(f"--out {out_dir} exists and is not a folder")
+    for path in out_paths(out_dir):
+        outputs.check_new(path, force, "--out")
+
+
 def write(doc: dict, out_dir: str) -> list:
-    """study.json and one PNG per experiment in out_dir; returns the paths."""
+    """study.json and one PNG per experiment in out_dir (check_out first);
+    returns the paths."""
     from commbench import study_report
     try:
         os.makedirs(out_dir, exist_ok=True)

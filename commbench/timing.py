@@ -4,6 +4,7 @@ Each rank times every iteration of a back-to-back loop on its own clock; after a
 batch (never inside it) the per-iteration times are reduced to their max over
 all ranks that run at once, rank 0 decides whether the CI of the median reached
 the target, and all ranks follow its decision."""
+import math
 import time
 from dataclasses import dataclass
 
@@ -43,6 +44,19 @@ class TimingSettings:
     max_iters: int = 10000
     time_budget_s: float = 1.0   # per case, after the minimum iterations
     target_ci: float = 0.01
+
+    def check(self):
+        """ValueError naming the flag of a value the protocol cannot run with."""
+        if self.iters < 1:
+            raise ValueError(f"-n/--iters must be at least 1, got {self.iters}")
+        if self.warmup < 0:
+            raise ValueError(f"-w/--warmup must be >= 0, got {self.warmup}")
+        if self.max_iters < self.iters:
+            raise ValueError(f"--max-iters ({self.max_iters}) is below -n/--iters ({self.iters})")
+        if not 0 <= self.target_ci < 1:
+            raise ValueError(f"--target-ci must be in [0, 1), got {self.target_ci}")
+        if not (math.isfinite(self.time_budget_s) and self.time_budget_s >= 0):
+            raise ValueError(f"--time-budget must be a finite number of seconds >= 0, got {self.time_budget_s}")
 
 
 @dataclass

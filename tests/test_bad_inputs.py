@@ -9,7 +9,7 @@ import os
 import pytest
 
 from commbench import cli
-from commbench.results import make_header
+from commbench.results import Case, Measurement, make_header
 
 PLAN = ["--model", "tiny-gpt", "--world", "2", "--gpus-per-node", "2", "--global-batch", "4", "--dtype", "fp32"]
 
@@ -24,6 +24,23 @@ def _file(name, text):
 
 def _existing(d):
     (d / "existing.jsonl").write_text("precious\n")
+
+
+def _bad_measurement(field, value, header_field=None):
+    """r.jsonl with a good header and one measurement whose `field` (of the case
+    with a 'case.' prefix) is value; or, with header_field, a bad header field."""
+    def write(d):
+        m = Measurement(case=Case("collective", "all_reduce", "torch-gloo", "cpu", "float32", 64, 2, 1, "world",
+                                  False), samples_s=[1e-5, 2e-5]).to_dict()
+        if field.startswith("case."):
+            m["case"][field[5:]] = value
+        elif field:
+            m[field] = value
+        header = make_header(run_id="x", settings={})
+        if header_field:
+            header[header_field] = value
+        (d / "bad.jsonl").write_text(json.dumps(header) + "\n" + json.dumps(m) + "\n")
+    return write
 
 
 def _both(*fs):
@@ -130,6 +147,37 @@ CASES = {
     "env-device": (["env", "--device", "fpga"], None, "'fpga'"),
     "emulate-no-command": (["emulate", "--nodes", "2", "--inter-bw", "1gbit"], None, "command"),
     "unknown-flag": (["run", "--colective", "all"], None, "--colective"),
+    # outputs besides results files are never replaced, and are checked before any work
+    "check-summary-exists": (["check", "--baseline", "r.jsonl", "r.jsonl", "--summary", "existing.jsonl"],
+                             _both(_results, _existing), "existing.jsonl"),
+    "study-out-exists": (["study", "--system", "h200", "--out", "."], _file("study.json", "mine\n"), "study.json"),
+    "compare-plot-exists": (["compare", "r.jsonl", "r.jsonl", "--plot", "p.png"], _both(_results, _file("p.png", "x")),
+                            "p.png"),
+    "compare-plot-no-extension": (["compare", "r.jsonl", "r.jsonl", "--plot", "p"], _results, "--plot"),
+    "predict-plot-exists": (["predict", *PLAN, "--system", "polaris", "--scale", "2,4", "--plot", "p.png"],
+                            _file("p.png", "x"), "p.png"),
+    "predict-strong-without-scale": (["predict", *PLAN, "--system", "polaris", "--strong"], None, "--scale"),
+    # results files of the wrong shape
+    "show-params-null": (["show", "bad.jsonl"], _bad_measurement("case.params", None), "line 2"),
+    "show-stats-null": (["show", "bad.jsonl"], _bad_measurement("stats", None), "line 2"),
+    "compare-samples-text": (["compare", "bad.jsonl", "bad.jsonl"], _bad_measurement("samples_s", "abc"), "line 2"),
+    "show-line-not-object": (["show", "r.jsonl"], lambda d: (_results(d), (d / "r.jsonl").open("a").write(
+        '"hello"\n')), "line 2"),
+    "show-header-cluster-text": (["show", "bad.jsonl"], _bad_measurement("", None, "cluster"), "cluster"),
+    "report-validate-time-text": (["report", "v.json", "--out", "rep"],
+                                  _file("v.json", json.dumps({"measured_step_time_s": "fast",
+                                                              "predicted_step_time_s": 1.0, "error_pct": 0.0,
+                                                              "prediction": {}})), "measured_step_time_s"),
+    # numbers the protocol cannot run with
+    "run-stepfactor-inf": (["run", "--device", "cpu", "-f", "inf"], None, "stepfactor"),
+    "run-stepfactor-and-bytes": (["run", "--device", "cpu", "-f", "2", "-i", "8"], None, "not both"),
+    "run-time-budget-nan": (["run", "--device", "cpu", "--time-budget", "nan"], None, "time-budget"),
+    "run-timeout-inf": (["run", "--device", "cpu", "--timeout", "inf"], None, "--timeout"),
+    "compute-target-ci-2": (["compute", *PLAN, "--target-ci", "2"], None, "target-ci"),
+    "run-out-empty": (["run", "--device", "cpu", "--out", ""], None, "--out"),
+    "run-plan-field-without-model": (["run", "--device", "cpu", "--tp", "2"], None, "--tp"),
+    "run-nccl-on-cpu": (["run", "--device", "cpu", "--dist-backend", "nccl"], None, "nccl"),
+    "plan-world-huge": (["plan", "--model", "tiny-gpt", "--world", "99999999999999999999"], None, "world"),
 }
 
 
