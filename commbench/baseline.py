@@ -43,13 +43,24 @@ def promote(result_path: str, name: str, force: bool = False, directory: str = "
     if "provenance" in header:
         prov["previous"] = header["provenance"]
     header["provenance"] = prov
+    if not directory:
+        raise ValueError("--dir: give a folder, not an empty string")
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise ValueError(f"--dir {directory} exists and is not a folder")
     out = os.path.join(directory, name + ".jsonl")
+    if os.path.isdir(out):
+        raise ValueError(f"{out} is a folder: choose another baseline name")
     if os.path.exists(out) and not force:
         raise ValueError(f"{out} exists: give --force to replace it")
-    os.makedirs(directory, exist_ok=True)
     lines = [json.dumps(header)] + [json.dumps(m.to_dict(), allow_nan=False) for m in rf.measurements]
     tmp = out + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write("\n".join(lines) + "\n")
-    os.replace(tmp, out)
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write("\n".join(lines) + "\n")
+        os.replace(tmp, out)
+    except OSError as e:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise ValueError(f"cannot write {out}: {e.strerror or e}") from None
     return out

@@ -262,11 +262,12 @@ def _check_resume(a, config):
 def _spawn_self(a, argv, nprocs: int, verb: str, use_mpiexec: bool = False) -> int:
     """Start nprocs local ranks of this same command, each with the same --out."""
     from commbench import launch as launch_mod
-    if nprocs < 1:
-        raise ValueError(f"--nprocs must be at least 1, got {nprocs}")
+    from commbench import outputs
+    launch_mod.check_nprocs(nprocs)
     if getattr(a, "resume", None):
         return launch_mod.spawn_local(nprocs, list(argv), use_mpiexec=use_mpiexec)
     out = a.out or _default_out(verb)
+    outputs.check_place(out, "--out")
     if os.path.exists(out) and not a.force:
         raise ValueError(f"{out} exists: commbench never overwrites results (use --force or another --out)")
     child = list(argv) if a.out is not None else [*argv, "--out", out]
@@ -313,8 +314,9 @@ def cmd_run(a, argv) -> int:
             if config.device == "cuda":
                 import torch
                 nprocs = torch.cuda.device_count()
+        launch_mod.check_nprocs(nprocs)
         plan = _run_plan(a, nprocs, nprocs)      # a bad plan fails here, once, before any rank starts
-        if plan is None and config.device == "cpu" and nprocs >= 1:
+        if plan is None and config.device == "cpu":
             from commbench import sweep
             sweep.check_memory(config, ["localhost"] * nprocs, nprocs)    # a sweep too big fails before it starts
         return _spawn_self(a, argv, nprocs, "run", use_mpiexec=config.backend in NEEDS_MPIEXEC)
@@ -352,6 +354,8 @@ def cmd_compute(a, argv) -> int:
     settings = TimingSettings(warmup=a.warmup, iters=a.iters, max_iters=a.max_iters, time_budget_s=a.time_budget,
                               target_ci=a.target_ci)
     settings.check()
+    if a.nprocs is not None:
+        launch_mod.check_nprocs(a.nprocs)
     if a.device not in ("auto", "cpu", "cuda"):
         raise ValueError(f"unknown device {a.device!r}: choose cpu, cuda or auto")
     _check_timeout(a.timeout)
@@ -447,6 +451,17 @@ def _validate_plan(a, world: int, gpus_per_node: int, device: str):
     return model, par
 
 
+def _out_dir(path: str, create: bool):
+    """--out-dir: a folder (made when create); a file there is a ValueError."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"--out-dir {path} exists and is not a folder")
+    if create:
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as e:
+            raise ValueError(f"--out-dir {path}: cannot create it ({e.strerror or e})") from None
+
+
 def cmd_validate(a, argv) -> int:
     from commbench import launch as launch_mod
     if a.steps < 1 or a.warmup_steps < 0:
@@ -456,8 +471,8 @@ def cmd_validate(a, argv) -> int:
         raise ValueError(f"unknown device {a.device!r}: choose cpu, cuda or auto")
     info = launch_mod.detect()
     if info.launcher == "none":
-        if a.nprocs is not None and a.nprocs < 1:
-            raise ValueError(f"--nprocs must be at least 1, got {a.nprocs}")
+        if a.nprocs is not None:
+            launch_mod.check_nprocs(a.nprocs)
         guess = a.nprocs or 2
         _validate_plan(a, guess, guess, "cpu" if a.device == "auto" else a.device)   # fails fast on a bad plan
         device = _device(a.device, "torch")
@@ -470,15 +485,14 @@ def cmd_validate(a, argv) -> int:
         if os.path.exists(os.path.join(out_dir, "validate.json")) and not a.force:
             raise ValueError(f"{out_dir} holds a validation: commbench never overwrites results "
                              "(use --force or another --out-dir)")
-        os.makedirs(out_dir, exist_ok=True)
+        _out_dir(out_dir, create=True)
         child = list(argv) if a.out_dir else [*argv, "--out-dir", out_dir]
         return launch_mod.spawn_local(nprocs, child, use_mpiexec=False)
     from commbench import validate
     device = _device(a.device, "torch")
     model, par = _validate_plan(a, info.world_size, info.local_world_size, device)
     out_dir = a.out_dir or os.path.join("results", "validate-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
-    if info.rank == 0:
-        os.makedirs(out_dir, exist_ok=True)
+    _out_dir(out_dir, create=info.rank == 0)
     launch_mod.set_cpu_threads(info, device)
     from commbench import watchdog
     doc = watchdog.interruptible(info.rank, out_dir, lambda: validate.run_on_rank(

@@ -54,14 +54,19 @@ def dispatch(a) -> int:
 
 
 def cmd_compare(a) -> int:
-    from commbench import compare, outputs
+    from commbench import compare, outputs, results
     if a.plot is not None:
         outputs.check_plot(a.plot, a.force)
     files = compare.load_all(a.files)
+    for path in a.compute or []:
+        results.load(path)                  # a missing or broken --compute file is bad input, not a note
     labels = compare.labels_for(files, [s.strip() for s in a.labels.split(",")] if a.labels else None)
     doc = compare.compare(files, labels, a.factor, a.alpha)
     doc["predictions"], notes = compare.predictions(files, labels, a.compute)
     doc["notes"] += notes
+    if not doc["cases"] and not doc["predictions"]:
+        raise ValueError(f"{', '.join(a.files)}: no Case is common to all files and no plan is predicted: "
+                         "nothing to compare")
     if a.plot is not None:
         compare.plot(files, labels, a.plot)
         doc["plot"] = a.plot

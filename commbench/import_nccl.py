@@ -216,6 +216,8 @@ def write(rf: results.ResultFile, out: str, force: bool = False) -> str:
         w = results.ResultWriter(out, rf.header, overwrite=force)
     except FileExistsError:
         raise ValueError(f"{out} exists: give --force to replace it") from None
+    except OSError as e:
+        raise ValueError(f"cannot write {out}: {e.strerror or e}") from None
     try:
         for m in rf.measurements:
             w.append(m)

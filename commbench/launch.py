@@ -172,11 +172,21 @@ def find_mpiexec() -> str | None:
     return here if os.access(here, os.X_OK) else shutil.which("mpiexec")
 
 
+MAX_LOCAL_RANKS = 512       # one machine's ranks, started without a launcher
+
+
+def check_nprocs(nprocs: int):
+    if not 1 <= nprocs <= MAX_LOCAL_RANKS:
+        raise ValueError(f"--nprocs {nprocs}: spawn between 1 and {MAX_LOCAL_RANKS} local ranks "
+                         "(a launcher starts larger jobs)")
+
+
 def spawn_local(nprocs: int, argv: list[str], use_mpiexec: bool) -> int:
     """Run `python -m commbench ARGV` as nprocs local ranks and wait for them.
     With use_mpiexec the ranks are started by mpiexec (MPI backends); otherwise
     each gets the torch variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_*).
     If a rank fails, the others are stopped; the exit status is the worst one."""
+    check_nprocs(nprocs)
     cmd = [sys.executable, "-m", "commbench", *argv]
     procs = []
     if use_mpiexec:

@@ -4,6 +4,7 @@ Line 1 is a header (schema version, run id, command line, cluster, versions,
 allow-listed env vars); each further line is one Measurement, appended and
 flushed as it completes, so a crash loses nothing that finished."""
 import dataclasses
+import errno
 import json
 import math
 import os
@@ -158,8 +159,13 @@ class ResultWriter:
         (`run --resume`): its lines stay as they are (a partial last line left
         by a crash is cut off) and no header is written."""
         self.path = path
+        if os.path.isdir(path):
+            raise IsADirectoryError(errno.EISDIR, "it is a folder", path)
         parent = os.path.dirname(os.path.abspath(path))
-        os.makedirs(parent, exist_ok=True)
+        try:
+            os.makedirs(parent, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise NotADirectoryError(errno.ENOTDIR, "a folder on its path is a file", path) from None
         if append:
             from commbench.resume import cut_partial_line
             cut_partial_line(path)

@@ -126,8 +126,8 @@ class PairDiff:
 
 def compare_pair(rf_a, rf_b, factor: float = 1.05, alpha: float = ALPHA) -> PairDiff:
     from scipy import stats as sps
-    if not factor >= 1.0:
-        raise ValueError(f"--factor must be >= 1 (a ratio of p50 times), got {factor}")
+    if not (factor >= 1.0 and math.isfinite(factor)):
+        raise ValueError(f"--factor must be a finite ratio of p50 times >= 1, got {factor}")
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
     with_backend = _has_duplicates(rf_a) or _has_duplicates(rf_b)

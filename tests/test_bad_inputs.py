@@ -11,6 +11,7 @@ import pytest
 from commbench import cli
 from commbench.results import Case, Measurement, make_header
 
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "nccl-tests")
 PLAN = ["--model", "tiny-gpt", "--world", "2", "--gpus-per-node", "2", "--global-batch", "4", "--dtype", "fp32"]
 
 
@@ -178,6 +179,26 @@ CASES = {
     "run-plan-field-without-model": (["run", "--device", "cpu", "--tp", "2"], None, "--tp"),
     "run-nccl-on-cpu": (["run", "--device", "cpu", "--dist-backend", "nccl"], None, "nccl"),
     "plan-world-huge": (["plan", "--model", "tiny-gpt", "--world", "99999999999999999999"], None, "world"),
+    "run-nprocs-huge": (["run", "--device", "cpu", "--nprocs", "100000", "-b", "8", "-e", "8"], None, "--nprocs"),
+    "compute-nprocs-negative": (["compute", "--model", "tiny-gpt", "--nprocs", "-3"], None, "--nprocs"),
+    # where the output cannot go
+    "run-out-under-a-file": (["run", "--device", "cpu", "--out", "existing.jsonl/x.jsonl", "--force", "-b", "8",
+                              "-e", "8", "--nprocs", "1"], _existing, "is a file, not a folder"),
+    "import-out-is-a-folder": (["import", "nccl-tests", os.path.join(FIXTURES, "all_gather_perf-v2.0.log"), "--out",
+                                "sub", "--force"], lambda d: (d / "sub").mkdir(), "folder"),
+    "validate-out-dir-is-a-file": (["validate", "--model", "tiny-gpt", "--nprocs", "2", "--out-dir",
+                                    "existing.jsonl"], _existing, "not a folder"),
+    "baseline-dir-is-a-file": (["baseline", "promote", "bad.jsonl", "ok", "--dir", "existing.jsonl"],
+                               _both(_bad_measurement("", None), _existing), "not a folder"),
+    "baseline-target-is-a-folder": (["baseline", "promote", "bad.jsonl", "ok", "--dir", "bl", "--force"],
+                                    _both(_bad_measurement("", None),
+                                          lambda d: (d / "bl" / "ok.jsonl").mkdir(parents=True)),
+                                    "is a folder"),
+    # compare: inputs that leave nothing to compare
+    "compare-compute-missing": (["compare", "r.jsonl", "r.jsonl", "--compute", "gone1", "gone2"], _results, "gone1"),
+    "compare-nothing-common": (["compare", "r.jsonl", "bad.jsonl"], _both(_results, _bad_measurement("", None)),
+                               "nothing to compare"),
+    "check-factor-inf": (["check", "--baseline", "r.jsonl", "r.jsonl", "--factor", "inf"], _results, "--factor"),
 }
 
 
