@@ -469,9 +469,13 @@ def model_flops(workload, par) -> float:
     """FLOPs of one optimizer step over the whole job: every GEMM and attention op
     once (no recompute), summed over stages, tp ranks and dp replicas."""
     total = 0.0
+    vocab = workload.model.get("vocab")
+    # a rank's logits GEMM covers ceil(V / tp) rows; the tp ranks together, V
+    vocab_share = vocab / (par.tp * -(-vocab // par.tp)) if vocab else 1.0
     for op in workload.compute_ops:
         if op.kind in ("gemm", "attention") and op.scope in ("layer", "head") and not op.name.endswith("(recompute)"):
-            total += op.flops * op.count * (par.pp if op.stage < 0 else 1)
+            share = vocab_share if op.name.startswith("logits ") else 1.0
+            total += op.flops * op.count * (par.pp if op.stage < 0 else 1) * share
     return total * par.tp * par.dp
 
 

@@ -3,7 +3,7 @@ Llama layer at tp = 1, 2, 4), their sum against Megatron's formula, recompute,
 sequence parallelism, the optimizer shard and stage placement."""
 import pytest
 
-from commbench import plan
+from commbench import models, plan
 from commbench.compute.ops import compute_ops
 from commbench.models import ModelSpec
 from commbench.parallel import Parallelism
@@ -111,6 +111,28 @@ def test_step_flops_equal_megatron_formula(tp, pp):
     assert per_replica * 2 == pytest.approx(megatron, rel=1e-12)
 
 
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+def test_model_flops_are_megatrons_with_a_vocabulary_tp_does_not_divide(tp):
+    # gpt3-350m's 50257 rows split unevenly: each rank's logits GEMM has ceil(V / tp)
+    # rows, the model's FLOPs count V once
+    from commbench.predict import model_flops
+    m = models.get("gpt3-350m")
+    par = Parallelism(world=tp, gpus_per_node=tp, tp=tp, global_batch=4, micro_batch=2)
+    B, s, L, h, V = 4, m.seq, m.num_layers, m.hidden, m.vocab
+    megatron = 72 * B * s * L * h ** 2 * (1 + s / (6 * h) + V / (12 * L * h))
+    assert model_flops(plan.build(m, par), par) == pytest.approx(megatron, rel=1e-12)
+
+
+def test_tp_in_place_op_counts_the_recomputed_forward():
+    llama = models.get("tiny-llama")
+    par = Parallelism(world=2, gpus_per_node=2, tp=2, global_batch=4, recompute="full")
+    ops = compute_ops(llama, par)
+    whole = next(o for o in ops if o.scope == "tp_stage")
+    kernels = sum(o.flops * o.count for o in ops if o.scope in ("layer", "embedding", "head"))
+    assert any(o.name.endswith("(recompute)") for o in ops)
+    assert whole.flops * whole.count == pytest.approx(kernels, rel=1e-12)
+
+
 def test_recompute_adds_forward_work():
     base = Parallelism(world=1, micro_batch=1)
     none = compute_ops(GPT, base)
@@ -136,8 +158,21 @@ def test_optimizer_shard_and_stages():
     assert whole.m == GPT.num_params and whole.phase == "step" and whole.count == 1
     # mixed precision: 24 B of fp32 state read+written, 2 B gradient read, 2 B bf16 copy written
     assert whole.nbytes == GPT.num_params * (24 + 2 + 2)
+    # ZeroRedundancyOptimizer hands out whole parameters, largest first: the 50304 x 1024
+    # embedding alone is more than a quarter of the model, so its owner steps it and
+    # nothing else, and the step waits for that rank
     z1 = by_name(compute_ops(GPT, Parallelism(world=4, gpus_per_node=4, zero=1)))["adam step"]
-    assert z1.m == -(-GPT.num_params // 4)
+    assert 50304 * 1024 > GPT.num_params / 4 and (z1.m, z1.n) == (50304 * 1024, 1)
+    # DeepSpeed steps one flat partition of ceil(numel / dp)
+    ds = by_name(compute_ops(GPT, Parallelism(world=4, gpus_per_node=4, zero=1, zero_flavour="deepspeed")))
+    assert (ds["adam step"].m, ds["adam step"].n) == (-(-GPT.num_params // 4), 1)
+    # FSDP2 pads every parameter's dim 0 to a multiple of dp: tiny-gpt over 3 ranks, the
+    # padded units of tests/test_strategy_zero.py's test_fsdp_padding_small, a third each
+    root = 513 * 64 + 66 * 64 + 2 * 66
+    layer = 4 * 66 * 64 + 66 * 256 + 258 * 64 + 258 + 5 * 66 + 4 * 66
+    tiny = models.get("tiny-gpt")
+    z3 = by_name(compute_ops(tiny, Parallelism(world=3, gpus_per_node=3, zero=3, global_batch=3)))["adam step"]
+    assert z3.m == (root + 4 * layer) // 3
     z0 = by_name(compute_ops(GPT, Parallelism(world=4, gpus_per_node=4, zero=0)))["adam step"]
     assert z0.m == GPT.num_params
     ops = compute_ops(GPT, Parallelism(world=2, gpus_per_node=2, pp=2))

@@ -206,23 +206,38 @@ def head_ops(model: ModelSpec, par: Parallelism, count: int) -> list:
     return [replace(op, **kw) for op in norm + logits + ce]
 
 
+def _adam_share(model: ModelSpec, par: Parallelism, stage: int) -> tuple:
+    """(elements, tensors) the busiest rank of a stage steps (the step waits for it):
+    - no ZeRO: its whole TP/PP shard;
+    - ZeRO-1, torch: ZeroRedundancyOptimizer's greedy partition of whole
+      parameters (strategies.zero.zero_partition): its largest owner's;
+    - ZeRO-1/2, DeepSpeed: one flat partition of ceil(numel / dp) elements;
+    - ZeRO-2/3, torch (FSDP2): every parameter's dim 0 padded to a multiple of
+      dp, 1/dp of each (strategies.fsdp units)."""
+    params = rank_params(model, par, stage)
+    numel, n = sum(p.numel for p in params), par.dp
+    if par.zero == 0 or n == 1:
+        return numel, len(params)
+    if par.zero_flavour == "deepspeed":
+        return -(-numel // n), 1
+    if par.zero == 1:
+        from commbench.strategies.zero import zero_partition
+        owned = max(zero_partition(params, n), key=lambda ps: sum(p.numel for p in ps))
+        return sum(p.numel for p in owned), len(owned)
+    from commbench.strategies import fsdp
+    return sum(u.padded_numel(n) for u in fsdp.fsdp_units(model, par, stage)) // n, len(params)
+
+
 def optimizer_ops(model: ModelSpec, par: Parallelism) -> list:
-    """Adam over the parameters a rank updates: its TP/PP shard, divided over dp
-    by ZeRO 1-3 (each rank steps its 1/dp share, rounded up). Bytes per element:
-    ADAM_STATE_RW_BYTES (fp32 master, m, v read and written) + the gradient read
-    (grad dtype) + the 16-bit parameter copy written when training in 16 bits."""
+    """Adam over the parameters the busiest rank of each stage updates
+    (_adam_share). Bytes per element: ADAM_STATE_RW_BYTES (fp32 master, m, v
+    read and written) + the gradient read (grad dtype) + the 16-bit parameter
+    copy written when training in 16 bits."""
     e, eg = DTYPE_BYTES[par.dtype], DTYPE_BYTES[par.grad_dtype]
     copy = e if e < 4 else 0
     ops = []
     for stage in range(par.pp):
-        params = rank_params(model, par, stage)
-        numel, tensors = sum(p.numel for p in params), len(params)
-        if par.zero >= 1:
-            numel = -(-numel // par.dp)
-        if par.zero == 1:
-            # ZeroRedundancyOptimizer gives each rank whole parameters (about 1/dp
-            # of them); FSDP (ZeRO-2/3) shards every parameter over dp
-            tensors = -(-tensors // par.dp)
+        numel, tensors = _adam_share(model, par, stage)
         ops.append(ComputeOp(name="adam step", kind="optimizer", m=numel, n=tensors,
                              flops=float(ADAM_FLOPS_PER_ELEMENT * numel),
                              nbytes=numel * (ADAM_STATE_RW_BYTES + eg + copy), count=1, phase="step",
@@ -343,7 +358,7 @@ def tp_stage_ops(model: ModelSpec, par: Parallelism, flavour: str) -> list:
     implementation cannot run the plan (strategies.tp.implementation_limit)."""
     if par.tp == 1 or tp.implementation_limit(model, par, flavour):
         return []
-    layer = layer_ops(model, replace(par, recompute="none"), 1)
+    layer = layer_ops(model, par, 1)          # with recompute, its recomputed forward too
     spec = json.dumps(asdict(model), sort_keys=True)      # the implementation builds the real model
     ops = []
     for stage in range(par.pp):
