@@ -23,7 +23,11 @@ Composition, for each pipeline stage (every rank of a stage does the same):
    - gradient reductions (all_reduce, reduce_scatter) become ready when their
      part of the backward ends and never hold compute back: what is left after
      the stage's last backward is exposed;
-   - parameter all-gathers (ZeRO-3 / FSDP, forward and backward) are prefetched
+   - ops that overlap nothing (overlap "none": FSDP's reduce-scatters under
+     pipelining, deferred to the end of the step) run, call after call, once
+     the stage's last backward has ended;
+   - parameter all-gathers (ZeRO-3 / FSDP, forward and backward; folded over k
+     units or listed unit by unit) are prefetched
      one unit ahead (issued when the previous unit starts) and gate their own
      unit: compute waits for an all-gather that has not arrived, and that wait
      is exposed (FSDP's first all-gather of a forward is therefore always exposed);
@@ -383,6 +387,10 @@ def dp_calls(dp_ops, par, timeline, times: Times, bound: str) -> list:
     """Every DP/ZeRO call of one stage's step with its ready time on the stage's
     timeline (schedule.Op list), in issue order."""
     m = par.num_microbatches
+    # ops that overlap nothing (FSDP's reduce-scatters under pipelining, deferred to
+    # the end of the step) run, each of their calls, after the stage's last backward
+    after = [c for c in dp_ops if c.overlap == "none"]
+    dp_ops = [c for c in dp_ops if c.overlap != "none"]
     plan = {}                         # phase -> (its ops per micro-batch, those of micro-batches < m - 1)
     for phase in ("fwd", "bwd"):
         ops = [c for c in dp_ops if c.phase == phase]
@@ -409,6 +417,7 @@ def dp_calls(dp_ops, par, timeline, times: Times, bound: str) -> list:
             if not ivs:
                 continue
             done = 0.0
+            unit_before = None          # where the previous gathered unit listed as an op of its own starts
             for c, k, only in (per_mb if j == m - 1 else every_mb):
                 dur = times.comm_op(c, bound)
                 gating = c.collective in GATHERS
@@ -424,10 +433,16 @@ def dp_calls(dp_ops, par, timeline, times: Times, bound: str) -> list:
                 ahead = phase == "bwd" or times.host_runs_ahead
                 for i, (f0, f1) in enumerate(fr):
                     if gating:      # prefetched when the unit before starts; its unit starts at f0
-                        prev = fr[i - 1][0] if i > 0 and ahead else f0
+                        before_unit = fr[i - 1][0] if i > 0 else (unit_before if k == 1 else None)
+                        prev = before_unit if ahead and before_unit is not None else f0
                         calls.append(Call(_spread(ivs, prev), dur, _spread(ivs, f0)))
+                        if k == 1:
+                            unit_before = f0
                     else:           # its gradients are complete at the end of its part
                         calls.append(Call(_spread(ivs, f1), dur, None))
+    if after:
+        last_bwd = max(op.end_s for op in timeline if op.kind == "B")
+        calls += [Call(last_bwd, times.comm_op(c, bound), None) for c in after for _ in range(c.count)]
     calls.sort(key=lambda c: c.ready_s)
     return calls
 

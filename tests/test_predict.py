@@ -245,3 +245,27 @@ def test_spec_predictions_over_a_grid_of_plans():
             assert sb.breakdown["bubble_s"] > 0
         done += 1
     assert done > 40
+
+
+def test_gathers_listed_unit_by_unit_are_prefetched_like_folded_ones():
+    # two units' forward gathers of 0.5 over a forward of 4 (units at 0-2 and 2-4): only the
+    # first is exposed whether the plan folds them into one op of 2 calls or lists them
+    par = Parallelism(world=2, gpus_per_node=2, zero=3)
+    t = {"layer fwd": 4.0, "layer bwd": 8.0, "adam": 0.0}
+    folded = [dp_op("g", 100, coll="all_gather", count=2, phase="fwd")]
+    listed = [dp_op("g1", 100, coll="all_gather", phase="fwd"), dp_op("g2", 100, coll="all_gather", phase="fwd")]
+    for ops in (folded, listed):
+        sb = predict.predict(workload(par, layer_ops(1) + [adam()], ops), par,
+                             TableTimes(t, {"g": 0.5, "g1": 0.5, "g2": 0.5}))
+        assert sb.step_time_s == pytest.approx(12.5) and sb.breakdown["dp_exposed_s"] == pytest.approx(0.5)
+
+
+def test_reductions_that_overlap_nothing_run_after_the_last_backward():
+    # FSDP under pipelining defers its reduce-scatters to the end of the step (overlap
+    # "none"): 4 calls of 1 after the last backward ends at 6 (m = 2: 1 + 2 per micro-batch)
+    par = Parallelism(world=2, gpus_per_node=2, global_batch=4)
+    rs = CommOp("reduce_scatter", "dp", 2, 1, 100, 4, "bwd", overlap="none", label="rs", stage=0)
+    sb = predict.predict(workload(par, layer_ops(2) + [adam()], [rs]), par,
+                         TableTimes({"layer fwd": 1.0, "layer bwd": 2.0, "adam": 0.0}, {"rs": 1.0}))
+    assert sb.step_time_s == pytest.approx(10.0) and sb.breakdown["dp_exposed_s"] == pytest.approx(4.0)
+    assert sb.breakdown["hidden_comm_s"] == pytest.approx(0.0)
