@@ -29,13 +29,37 @@ class LaunchInfo:
 
 
 def _ints(env, *names):
+    """The variables as integers; None where one is not set. A variable that is
+    set but not a non-negative integer is a ValueError naming it: a launch whose
+    rank cannot be read must not pass for no launch at all."""
     vals = []
     for n in names:
         v = env.get(n)
-        if v is None or not re.fullmatch(r"\s*\d+\s*", v):
+        if v is None:
             return None
+        if not re.fullmatch(r"\s*\d+\s*", v):
+            raise ValueError(f"launcher variable {n}={v!r} is not a non-negative integer")
         vals.append(int(v))
     return vals
+
+
+def _slurm_step(env) -> bool:
+    """Whether this process is a task of an srun step (the batch script of an
+    sbatch job has SLURM_PROCID 0 and the job's SLURM_NTASKS, but no step id)."""
+    return any(v in env for v in ("SLURM_STEP_ID", "SLURM_STEPID", "SLURM_STEP_NUM_TASKS"))
+
+
+def _checked(info: "LaunchInfo") -> "LaunchInfo":
+    """One ValueError where the launcher's numbers contradict each other."""
+    who = f"{info.launcher} launch"
+    if info.world_size < 1 or not 0 <= info.rank < info.world_size:
+        raise ValueError(f"{who}: rank {info.rank} of a world of {info.world_size}: need 0 <= rank < world size")
+    if not 0 <= info.local_rank < info.local_world_size <= info.world_size:
+        raise ValueError(f"{who}: local rank {info.local_rank} of {info.local_world_size} on a node, in a world of "
+                         f"{info.world_size}: need 0 <= local rank < local size <= world size")
+    if info.master_port is not None and not 1 <= info.master_port <= 65535:
+        raise ValueError(f"{who}: MASTER_PORT {info.master_port} is not a TCP port (1-65535)")
+    return info
 
 
 # Each launcher: (name, rank var, size var, local rank var, local size var, node var).
@@ -69,9 +93,13 @@ def detect(env=None) -> LaunchInfo:
         local_size = _ints(env, "LOCAL_WORLD_SIZE")
         node = _ints(env, "GROUP_RANK")
         launcher = env["COMMBENCH_LAUNCHER"] if env.get("COMMBENCH_LAUNCHER") in ("local", "emulate") else "torchrun"
-        return LaunchInfo(launcher, rank, size, local[0] if local else 0,
-                          local_size[0] if local_size else size, node[0] if node else None, addr, port)
+        return _checked(LaunchInfo(launcher, rank, size, local[0] if local else 0,
+                                   local_size[0] if local_size else size, node[0] if node else None, addr, port))
     for name, rv, sv, lrv, lsv, nv in _LAUNCHERS:
+        if name == "slurm" and not _slurm_step(env):
+            continue
+        if name == "mpich" and lrv not in env and "SLURM_PROCID" in env and _slurm_step(env):
+            continue        # srun --mpi=pmi2 sets PMI_RANK/PMI_SIZE only: Slurm's own variables say more
         got = _ints(env, rv, sv)
         if not got:
             continue
@@ -86,9 +114,9 @@ def detect(env=None) -> LaunchInfo:
                                       or env.get("SLURM_NODELIST") or "")
             if not port and _ints(env, "SLURM_JOB_ID"):
                 port = 20000 + int(env["SLURM_JOB_ID"]) % 20000
-        return LaunchInfo(name, rank, size, local[0] if local else 0,
-                          local_size[0] if local_size else 1, node[0] if node else None, addr, port)
-    return LaunchInfo("none", 0, 1, 0, 1, None, addr, port)
+        return _checked(LaunchInfo(name, rank, size, local[0] if local else 0,
+                                   local_size[0] if local_size else 1, node[0] if node else None, addr, port))
+    return _checked(LaunchInfo("none", 0, 1, 0, 1, None, addr, port))
 
 
 def _slurm_local_size(env):

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# commbench over a plain mpiexec (MPICH/hydra flags: -n, -ppn, -f HOSTFILE).
+# commbench over a plain mpiexec (MPICH/hydra flags by default: -n, -ppn, -f HOSTFILE).
 # Run from the repository root (or anywhere, with OUT_DIR set):
 #   NODES=2 PPN=4 HOSTFILE=hosts.txt bash jobs/mpiexec.sh
 # Everything lands in $OUT_DIR as commbench results files; nothing here parses logs.
@@ -9,8 +9,9 @@
 #   PPN            ranks per node: one per GPU on GPU nodes
 #   HOSTFILE       mpiexec hostfile, one host per line; empty = this machine only
 #   MPIEXEC        the mpiexec to use (e.g. .venv/bin/mpiexec, or the cluster's)
-#   MPIEXEC_ARGS   extra mpiexec flags (binding, env passing); Open MPI: set PPN_FLAG too
+#   MPIEXEC_ARGS   extra mpiexec flags (binding, env passing); Open MPI: set PPN_FLAG and HOSTFILE_FLAG too
 #   PPN_FLAG       how this mpiexec says ranks per node: -ppn (MPICH, Intel MPI); Open MPI: --npernode
+#   HOSTFILE_FLAG  how this mpiexec takes HOSTFILE: -f (MPICH, Intel MPI); Open MPI: --hostfile
 #   COMMBENCH      how to start commbench on each rank (e.g. "python -m commbench")
 #   BACKEND        torch | mpi | cupy
 #   COLLECTIVES    collectives of the sweep, comma-separated, or all
@@ -28,6 +29,7 @@ HOSTFILE=${HOSTFILE:-}
 MPIEXEC=${MPIEXEC:-mpiexec}
 MPIEXEC_ARGS=${MPIEXEC_ARGS:-}
 PPN_FLAG=${PPN_FLAG:--ppn}
+HOSTFILE_FLAG=${HOSTFILE_FLAG:--f}
 COMMBENCH=${COMMBENCH:-commbench}
 BACKEND=${BACKEND:-torch}
 COLLECTIVES=${COLLECTIVES:-all}
@@ -39,7 +41,7 @@ OUT_DIR=${OUT_DIR:-results/mpiexec-$(date +%Y%m%d-%H%M%S)}
 REPORT=${REPORT:-1}
 
 launch=("$MPIEXEC" -n $((NODES * PPN)) "$PPN_FLAG" "$PPN")
-[ -n "$HOSTFILE" ] && launch+=(-f "$HOSTFILE")
+[ -n "$HOSTFILE" ] && launch+=("$HOSTFILE_FLAG" "$HOSTFILE")
 # shellcheck disable=SC2206  # word splitting of the flag strings is intended
 launch+=($MPIEXEC_ARGS $COMMBENCH)
 mkdir -p "$OUT_DIR"

@@ -67,7 +67,7 @@ CASES = {
 }
 
 SLURM_8_ON_3 = {   # srun -n 11 over nid[001-002,007]: 4, 4 and 3 tasks per node
-    "SLURM_JOB_ID": "123456", "SLURM_NTASKS": "11", "SLURM_STEP_NUM_TASKS": "11",
+    "SLURM_JOB_ID": "123456", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "11", "SLURM_STEP_NUM_TASKS": "11",
     "SLURM_STEP_TASKS_PER_NODE": "4(x2),3", "SLURM_TASKS_PER_NODE": "4(x2),3",
     "SLURM_STEP_NODELIST": "nid[001-002,007]", "SLURM_JOB_NODELIST": "nid[001-002,007]",
     "SLURM_NNODES": "3",
@@ -108,9 +108,9 @@ def test_slurm_port_is_deterministic_and_the_same_on_every_rank():
 
 
 def test_slurm_explicit_master_and_fallbacks():
-    base = dict(SLURM_PROCID="1", SLURM_NTASKS="2", SLURM_LOCALID="1", SLURM_NODEID="0")
+    base = dict(SLURM_PROCID="1", SLURM_NTASKS="2", SLURM_LOCALID="1", SLURM_NODEID="0", SLURM_STEP_ID="0")
     # MASTER_ADDR/PORT set by the user win over the derived ones
-    info = detect(dict(base, SLURM_JOB_ID="7", SLURM_STEP_NODELIST="gpu[3-4]",
+    info = detect(dict(base, SLURM_JOB_ID="7", SLURM_STEP_NODELIST="gpu[3-4]", SLURM_STEP_TASKS_PER_NODE="2",
                        MASTER_ADDR="10.0.0.9", MASTER_PORT="29555"))
     assert (info.master_addr, info.master_port) == ("10.0.0.9", 29555)
     # no step list: the job's node list; no step tasks-per-node: the job's
@@ -121,6 +121,30 @@ def test_slurm_explicit_master_and_fallbacks():
                        SLURM_STEP_TASKS_PER_NODE="2", SLURM_TASKS_PER_NODE="8(x2)"))
     assert (info.master_addr, info.local_world_size) == ("gpu4", 2)
     assert info.master_port is None                     # no job id: no port to derive
+
+
+def test_slurm_batch_script_is_no_launch_and_pmi2_is_slurm():
+    # the batch script of an sbatch job: process 0 of the job, but no srun step
+    batch = {k: v for k, v in SLURM_8_ON_3.items() if not k.startswith("SLURM_STEP")}
+    assert detect(dict(batch, SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_NODEID="0")).launcher == "none"
+    # srun --mpi=pmi2 adds PMI_RANK/PMI_SIZE but no local ranks: Slurm's variables say more
+    info = detect(dict(SLURM_8_ON_3, SLURM_PROCID="5", SLURM_LOCALID="1", SLURM_NODEID="1", PMI_RANK="5",
+                       PMI_SIZE="11", PMI_FD="12", PMI_JOBID="123456.0"))
+    assert (info.launcher, info.rank, info.local_rank, info.local_world_size) == ("slurm", 5, 1, 4)
+
+
+@pytest.mark.parametrize("env, word", [
+    ({"PMI_RANK": "abc", "PMI_SIZE": "8"}, "PMI_RANK"),
+    ({"PMI_RANK": "-1", "PMI_SIZE": "8"}, "PMI_RANK"),
+    ({"OMPI_COMM_WORLD_RANK": "9", "OMPI_COMM_WORLD_SIZE": "8"}, "rank 9 of a world of 8"),
+    ({"PMI_RANK": "0", "PMI_SIZE": "0"}, "world of 0"),
+    ({"PMI_RANK": "3", "PMI_SIZE": "8", "MPI_LOCALRANKID": "5", "MPI_LOCALNRANKS": "4"}, "local rank 5 of 4"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "x", "TORCHELASTIC_RUN_ID": "1"}, "LOCAL_RANK"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_PORT": "70000"}, "MASTER_PORT"),
+])
+def test_malformed_or_contradictory_launch_variables_are_refused(env, word):
+    with pytest.raises(ValueError, match=word):
+        detect(env)
 
 
 def test_precedence_mpiexec_inside_slurm_allocation():
