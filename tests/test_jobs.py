@@ -11,9 +11,9 @@ import pytest
 from conftest import BIN, MPIEXEC, ROOT, clean_env
 
 JOBS = ROOT / "jobs"
-SCRIPTS = {"slurm.sbatch": ("#SBATCH --nodes", "srun "),
+SCRIPTS = {"slurm.sbatch": ("#SBATCH --nodes", "--cpus-per-task \"${SLURM_CPUS_PER_TASK:-1}\""),
            "pbs-polaris.sh": ("#PBS -l select=", "--ppn \"$RANKS_PER_NODE\" --depth \"$DEPTH\" --cpu-bind depth"),
-           "mpiexec.sh": ("$MPIEXEC", "-f \"$HOSTFILE\""),
+           "mpiexec.sh": ("HOSTFILE_FLAG=${HOSTFILE_FLAG:--f}", "\"$HOSTFILE_FLAG\" \"$HOSTFILE\""),
            "torchrun.sh": ("--rdzv-backend c10d", "--rdzv-endpoint \"$RDZV_ENDPOINT\"")}
 COMMON = {"COMMBENCH", "COLLECTIVES", "LAYOUTS", "SIZES", "RUN_ARGS", "PLAN", "OUT_DIR", "REPORT"}
 FAST_RUN = "-n 5 -w 1 --target-ci 0 -q"
