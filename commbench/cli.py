@@ -624,10 +624,7 @@ def _refuse_empty(a):
     """An empty string is no value: `--out ''` must not mean the default."""
     for name, v in vars(a).items():
         if v == "" or (isinstance(v, list) and "" in v):
-            flag = name.replace("_", "-")
-            raise ValueError(f"--{flag}: an empty value" if not name.startswith(("inputs", "files", "new", "log",
-                                                                                    "result", "name"))
-                             else f"{flag}: an empty file or name")
+            raise ValueError(f"an empty value for {name.replace('_', '-')}")
 
 
 def main(argv=None) -> int:
