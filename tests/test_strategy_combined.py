@@ -245,4 +245,7 @@ def test_pp_dp_matches_plan(tmp_path, bucket_mb):
         assert len(want) == len(ddp.buckets(spec, par, pp_i))
         print(f"bucket_mb {bucket_mb} rank {rank} (stage {pp_i}): p2p torch {sorted(got.items())} / commbench "
               f"{sorted(mine.items())}; dp torch {others} / commbench {want}")
-        assert others == want, (rank, others, want)
+        # the same buckets; their order is not compared: gloo runs a group's async all-reduces on
+        # two worker threads, so the profiler's start order of two in flight can swap (seen once
+        # in a fresh-clone CI run: 56448 before 34944 on one rank of four)
+        assert sorted(others) == sorted(want), (rank, others, want)
