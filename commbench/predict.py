@@ -36,8 +36,9 @@ Composition, for each pipeline stage (every rank of a stage does the same):
      unit's kernels still run, but a CPU only once they are done (backward
      gathers are prefetched explicitly, on both);
    - with interference factors (compute --interference), a collective that runs
-     under compute takes comm_slowdown times longer and slows the compute it
-     overlaps by (compute_slowdown - 1) x the overlap.
+     under compute takes comm_slowdown times longer, and the compute it
+     overlaps runs compute_slowdown times slower meanwhile (it ends
+     (1 - 1/compute_slowdown) x the overlap later).
 4. After the pipeline and the DP tail: once-per-step collectives (ZeRO-1
    parameter broadcasts / all-gathers, one after another as a stream or gloo's
    queue runs them; the tied-embedding all-reduce; the sequence-parallel
@@ -451,8 +452,9 @@ def place_dp(calls, compute_end_s: float, comm_slowdown: float = 1.0, compute_sl
     """Run the calls on one stream against the stage's compute, which ends at
     compute_end_s unless gating all-gathers or interference hold it back.
     Interference (factors >= 1) acts on the part of a gradient reduction that
-    runs while compute still runs: that part proceeds comm_slowdown times slower
-    and stretches the compute by (compute_slowdown - 1) x its length. A gating
+    runs while compute still runs: that part proceeds comm_slowdown times slower,
+    and compute, at 1/compute_slowdown of its speed meanwhile, ends
+    (1 - 1/compute_slowdown) x its length later. A gating
     all-gather is taken as running while compute waits for it, without
     interference. Returns (exposed_s, hidden_s, comm_total_s)."""
     free, shift, total = 0.0, 0.0, 0.0
@@ -470,7 +472,8 @@ def place_dp(calls, compute_end_s: float, comm_slowdown: float = 1.0, compute_sl
         end = start + dur
         total += dur
         if overlap > 0 and compute_slowdown > 1.0:
-            shift += (compute_slowdown - 1.0) * overlap
+            # for `overlap` wall seconds compute ran at 1/compute_slowdown of its speed
+            shift += (1.0 - 1.0 / compute_slowdown) * overlap
         if c.deadline_s is not None and end > c.deadline_s + shift:
             shift += end - (c.deadline_s + shift)          # compute waits for its parameters
         free = end

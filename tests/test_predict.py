@@ -174,10 +174,11 @@ def test_interference_slows_overlapped_comm_and_compute():
     sb = predict.predict(w, par, TableTimes(base, {"first": 4, "last": 2},
                                             interference={"comm": 1.5, "compute": 1.25}))
     # first starts at 25 under compute: 5 s at 1/1.5 speed do 3.33 s of its 4, the rest
-    # runs alone (ends 30.67); those 5 s stretch compute by 0.25 x 5 to 31.25; the last
-    # (ready at 30 + 1.25) starts 31.25 after compute: 2 more
-    assert sb.breakdown["hidden_comm_s"] == pytest.approx(5 + 2 / 3 + 2 - 3.25)
-    assert sb.step_time_s == pytest.approx(33.25)
+    # runs alone (ends 30.67); for those 5 s compute runs at 1/1.25 speed, so it ends
+    # 5 x (1 - 1/1.25) = 1 s later, at 31; the last (ready at 30 + 1) starts at 31
+    # after compute: 2 more, exposed 1 + 2
+    assert sb.breakdown["hidden_comm_s"] == pytest.approx(5 + 2 / 3 + 2 - 3.0)
+    assert sb.step_time_s == pytest.approx(33.0)
 
 
 def test_band_and_model_flops():

@@ -1,11 +1,11 @@
 """commbench.schedule: the pipeline simulation against closed forms and timelines
-written out by hand, the one-stream comm/compute overlap, bucket ready times.
+written out by hand.
 Times are small binary fractions (0.25, 0.5, 1, 2, ...) so sums are exact."""
 import random
 
 import pytest
 
-from commbench.schedule import (backward_ready_times, overlap_comm, rank_ops, simulate_pipeline)
+from commbench.schedule import rank_ops, simulate_pipeline
 
 
 def ops_of(res, rank):
@@ -241,97 +241,3 @@ def test_invalid_rank_ops():
         rank_ops(2, 4, 2)
     with pytest.raises(ValueError, match=r"micro-batch count \(3\).*multiple of pp \(2\)"):
         rank_ops(2, 3, 0, "interleaved", 2)
-
-
-# --- one comm stream next to compute -----------------------------------------------
-
-def test_overlap_fully_hidden():
-    r = overlap_comm(10.0, [(1.0, 2.0), (2.0, 1.0), (5.0, 3.0)])
-    assert r.intervals == [(1.0, 3.0), (3.0, 4.0), (5.0, 8.0)]
-    assert (r.exposed_s, r.hidden_s, r.finish_s, r.comm_end_s) == (0.0, 6.0, 10.0, 8.0)
-
-
-def test_overlap_fully_exposed():
-    r = overlap_comm(10.0, [(10.0, 2.0), (10.0, 1.0), (10.0, 3.0)])
-    assert r.intervals == [(10.0, 12.0), (12.0, 13.0), (13.0, 16.0)]
-    assert (r.exposed_s, r.hidden_s, r.finish_s) == (6.0, 0.0, 16.0)
-
-
-def test_overlap_partial_by_hand():
-    # (1, 2) -> [1, 3]; (2, 2) queues behind it -> [3, 5]; (9, 4) -> [9, 13]
-    # exposed 13 - 10 = 3, hidden 8 - 3 = 5 (the 1 s of [9, 10] and the first two)
-    r = overlap_comm(10.0, [(1.0, 2.0), (2.0, 2.0), (9.0, 4.0)])
-    assert r.intervals == [(1.0, 3.0), (3.0, 5.0), (9.0, 13.0)]
-    assert (r.exposed_s, r.hidden_s, r.finish_s, r.comm_s) == (3.0, 5.0, 13.0, 8.0)
-
-
-def test_overlap_wait_after_compute_is_exposed_not_hidden():
-    # the second comm is ready 2 s after compute ends: its wait is exposed, and
-    # hidden_s counts only the 3 s done before 10 (not sum - exposed = 1)
-    r = overlap_comm(10.0, [(2.0, 3.0), (12.0, 1.0)])
-    assert (r.exposed_s, r.hidden_s, r.finish_s) == (3.0, 3.0, 13.0)
-
-
-def test_overlap_matches_the_plain_recurrence_without_interference():
-    rnd = random.Random(1)
-    for _ in range(50):
-        comms = [(rnd.uniform(0, 12), rnd.uniform(0, 3)) for _ in range(rnd.randint(0, 6))]
-        c = rnd.uniform(0, 12)
-        r = overlap_comm(c, comms)
-        e = 0.0
-        for (ready, dur), (s, t) in zip(comms, r.intervals):
-            s_want = max(ready, e)
-            e = s_want + dur
-            assert (s, t) == pytest.approx((s_want, e))
-        assert r.exposed_s == pytest.approx(max(0.0, e - c)) and r.finish_s == pytest.approx(max(c, e))
-        if all(ready <= c for ready, _ in comms):   # no idle wait after compute: the brief identity
-            assert r.hidden_s == pytest.approx(sum(d for _, d in comms) - r.exposed_s)
-
-
-def test_overlap_interference_by_hand():
-    # comm (4, 4) next to compute [0, 10], comm 2x slower and compute 1.5x slower when both run:
-    # [0, 4] compute alone (progress 4); from 4 comm runs at 1/2 and compute at 2/3: comm's
-    # 4 s of work end at 12, compute has then done 4 + 8 * 2/3 = 9 1/3 and finishes its last
-    # 2/3 alone at 12 2/3. Nothing exposed.
-    r = overlap_comm(10.0, [(4.0, 4.0)], comm_slowdown=2.0, compute_slowdown=1.5)
-    assert r.intervals == [(4.0, pytest.approx(12.0))]
-    assert r.compute_end_s == pytest.approx(12 + 2 / 3) == r.finish_s
-    assert (r.exposed_s, r.hidden_s) == (0.0, pytest.approx(4.0))
-    # comm (6, 6), both 2x: from 6 both at 1/2; compute's last 4 s end at 14, comm has
-    # done 4 of its 6 and runs the last 2 alone until 16: exposed 2, hidden 4
-    r = overlap_comm(10.0, [(6.0, 6.0)], comm_slowdown=2.0, compute_slowdown=2.0)
-    assert (r.compute_end_s, r.comm_end_s) == pytest.approx((14.0, 16.0))
-    assert (r.exposed_s, r.hidden_s) == pytest.approx((2.0, 4.0))
-    # a bucket ready at compute progress 8 comes later once comm slows compute:
-    # comm 1 (0, 2) runs [0, 4] at 1/2 while compute progresses 2 (at 1/2); compute
-    # reaches 8 at 4 + 6 = 10; comm 2 (8, 1) then [10, 12] at 1/2, while compute does 1
-    # of its last 2, and the last 1 alone in [12, 13]
-    r = overlap_comm(10.0, [(0.0, 2.0), (8.0, 1.0)], comm_slowdown=2.0, compute_slowdown=2.0)
-    assert r.intervals == [pytest.approx((0.0, 4.0)), pytest.approx((10.0, 12.0))]
-    assert r.compute_end_s == pytest.approx(13.0) and r.exposed_s == 0.0
-
-
-@pytest.mark.parametrize("args,kwargs,msg", [
-    ((10.0, [(1.0, -2.0)]), {}, r"comms\[0\] duration_s must be a finite time >= 0 s, got -2.0"),
-    ((10.0, [(1.0,)]), {}, r"comms\[0\] must be a \(ready_s, duration_s\) pair"),
-    ((-1.0, []), {}, r"compute_end_s must be a finite time"),
-    ((10.0, []), dict(comm_slowdown=0.5), r"comm_slowdown must be a finite factor >= 1, got 0.5"),
-    ((1.0, []), dict(compute_start_s=2.0), r"compute_end_s 1.0 is before compute_start_s 2.0"),
-])
-def test_invalid_overlap(args, kwargs, msg):
-    with pytest.raises(ValueError, match=msg):
-        overlap_comm(*args, **kwargs)
-
-
-# --- bucket ready times ------------------------------------------------------------
-
-def test_backward_ready_times_by_hand():
-    # backward [10, 20]; buckets complete at 25 %, 50 %, 100 % of the parameters
-    assert backward_ready_times(10.0, 20.0, [0.25, 0.5, 1.0]) == [12.5, 15.0, 20.0]
-    assert backward_ready_times(3.0, 3.0, [0.5, 1.0]) == [3.0, 3.0]
-    with pytest.raises(ValueError, match=r"non-decreasing .* param_fracs\[1\] = 0.25 < 0.5"):
-        backward_ready_times(0.0, 1.0, [0.5, 0.25])
-    with pytest.raises(ValueError, match=r"param_fracs\[0\] must be a fraction in \[0, 1\], got 1.5"):
-        backward_ready_times(0.0, 1.0, [1.5])
-    with pytest.raises(ValueError, match=r"bwd_end_s 1.0 is before bwd_start_s 2.0"):
-        backward_ready_times(2.0, 1.0, [1.0])
