@@ -7,11 +7,11 @@ import argparse
 import dataclasses
 import datetime
 import json
-import math
 import os
 import sys
 
 from commbench import planflags
+from commbench.timing import check_timeout
 
 EXIT_OK, EXIT_WRONG, EXIT_USAGE, EXIT_FAILED = 0, 1, 2, 3
 EXIT_TIMEOUT, EXIT_SIGINT, EXIT_SIGTERM = 124, 130, 143
@@ -339,11 +339,6 @@ def cmd_run(a, argv) -> int:
     return EXIT_WRONG if wrong else EXIT_OK
 
 
-def _check_timeout(t):
-    if t is not None and not (t > 0 and math.isfinite(t)):
-        raise ValueError(f"--timeout must be a positive number of seconds, got {t}")
-
-
 def cmd_compute(a, argv) -> int:
     """Time the plan's ComputeOps on every rank at once; rank 0 writes and prints."""
     if a.interference:
@@ -358,7 +353,7 @@ def cmd_compute(a, argv) -> int:
         launch_mod.check_nprocs(a.nprocs)
     if a.device not in ("auto", "cpu", "cuda"):
         raise ValueError(f"unknown device {a.device!r}: choose cpu, cuda or auto")
-    _check_timeout(a.timeout)
+    check_timeout(a.timeout)
     info = launch_mod.detect()
     if info.launcher == "none":
         # a bad plan fails once, here, before torch is imported or any rank starts
@@ -466,7 +461,7 @@ def cmd_validate(a, argv) -> int:
     from commbench import launch as launch_mod
     if a.steps < 1 or a.warmup_steps < 0:
         raise ValueError(f"--steps must be >= 1 and --warmup-steps >= 0, got {a.steps} and {a.warmup_steps}")
-    _check_timeout(a.timeout)
+    check_timeout(a.timeout)
     if a.device not in ("auto", "cpu", "cuda"):
         raise ValueError(f"unknown device {a.device!r}: choose cpu, cuda or auto")
     info = launch_mod.detect()

@@ -1,6 +1,5 @@
 """The configuration of `commbench run`, validated on construction: a bad value
 is a ValueError naming the value and the rule."""
-import math
 from dataclasses import dataclass, field
 
 from commbench import collectives as coll_mod
@@ -8,7 +7,7 @@ from commbench import groups as groups_mod
 from commbench.backends import BACKENDS
 from commbench.dtypes import parse_dtypes, parse_redops
 from commbench.sizes import sweep
-from commbench.timing import TimingSettings
+from commbench.timing import TimingSettings, check_timeout
 
 IN_PLACE_MODES = {"no": (False,), "yes": (True,), "both": (False, True)}
 
@@ -47,8 +46,7 @@ class RunConfig:
             raise ValueError(f"-c/--check must be >= 0, got {self.check_iters}")
         if self.root < 0:
             raise ValueError(f"-r/--root must be >= 0, got {self.root}")
-        if self.timeout_s is not None and not (self.timeout_s > 0 and math.isfinite(self.timeout_s)):
-            raise ValueError(f"--timeout must be positive, got {self.timeout_s}")
+        check_timeout(self.timeout_s)
         self.sizes = sweep(self.minbytes, self.maxbytes, self.stepfactor, self.stepbytes)
         self.collective_list = coll_mod.parse(self.collectives)
         self.dtype_list = parse_dtypes(self.dtypes)

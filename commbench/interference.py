@@ -49,8 +49,7 @@ class InterferenceConfig:
         if self.gemm_size < 1:
             raise ValueError(f"--gemm-size must be at least 1, got {self.gemm_size}")
         self.timing.check()
-        if self.timeout_s is not None and not (self.timeout_s > 0 and math.isfinite(self.timeout_s)):
-            raise ValueError(f"--timeout must be a positive finite number of seconds, got {self.timeout_s}")
+        timing.check_timeout(self.timeout_s)
 
     def window_s(self, partner_of_s: float) -> float:
         """An upper bound of one measurement's wall time, for an op taking

@@ -10,7 +10,6 @@ rank 0 of each node the GPU pairs it sees; rank 0 gathers and writes."""
 import contextlib
 import datetime
 import json
-import math
 import sys
 import uuid
 
@@ -300,8 +299,7 @@ def cli(a, argv) -> int:
     settings.check()
     if a.check < 0:
         raise ValueError(f"-c/--check must be >= 0, got {a.check}")
-    if a.timeout is not None and not (a.timeout > 0 and math.isfinite(a.timeout)):
-        raise ValueError(f"--timeout must be a positive finite number of seconds, got {a.timeout}")
+    timing.check_timeout(a.timeout)
     info = launch_mod.detect()
     if info.launcher == "none" and a.nprocs not in (None, 1):
         raise ValueError("--backend kernels needs no --nprocs: one process measures every visible GPU "

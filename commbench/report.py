@@ -12,7 +12,7 @@ import json
 import os
 from dataclasses import dataclass
 
-from commbench import results, scaling
+from commbench import outputs, results, scaling
 from commbench.report_render import render_html, render_markdown
 
 BREAKDOWN_KEYS = ("compute_s", "tp_exposed_s", "pp_exposed_s", "dp_exposed_s", "bubble_s", "optimizer_s")
@@ -191,8 +191,7 @@ def build(paths: list, out_dir: str, title: str = "commbench report", force: boo
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise ValueError(f"--out {out_dir} exists and is not a folder")
     for p in (html_path, md_path):
-        if os.path.exists(p) and not force:
-            raise ValueError(f"{p} exists: commbench never overwrites a report (use --force or another --out)")
+        outputs.check_new(p, force, "--out")
     sources = [load_input(p) for p in paths]
     _labels(sources)
     figs = busbw_figures(sources)
@@ -201,8 +200,7 @@ def build(paths: list, out_dir: str, title: str = "commbench report", force: boo
     fig_dir = os.path.join(out_dir, "figures")
     fig_paths = [os.path.join(fig_dir, f.name + ".png") for f in figs + step_figs]
     for p in fig_paths:
-        if os.path.exists(p) and not force:
-            raise ValueError(f"{p} exists: commbench never overwrites a report (use --force or another --out)")
+        outputs.check_new(p, force, "--out")
     # everything is rendered before the first file is written: a failure leaves nothing behind
     pages = render_html(title, sources, figs, step_figs), render_markdown(title, sources, figs, step_figs)
     os.makedirs(fig_dir, exist_ok=True)

@@ -59,6 +59,12 @@ class TimingSettings:
             raise ValueError(f"--time-budget must be a finite number of seconds >= 0, got {self.time_budget_s}")
 
 
+def check_timeout(timeout_s):
+    """--timeout: None (the default deadlines) or a positive finite number of seconds."""
+    if timeout_s is not None and not (timeout_s > 0 and math.isfinite(timeout_s)):
+        raise ValueError(f"--timeout must be a positive finite number of seconds, got {timeout_s}")
+
+
 @dataclass
 class Timed:
     samples_s: list            # per iteration, max over all ranks running at once
