@@ -95,10 +95,19 @@ STATISTIC = "mean"
 
 def central_time(m, bound: str) -> float:
     """A compute measurement's time at a bound (mid, low, high), scaled to the op it
-    stands for (runner.scale)."""
+    stands for (runner.scale): the mean of its slowest rank's own samples where
+    the measurement holds every rank's (a rank's step sums its own calls, and the
+    step waits for the slowest rank: the per-call maximum over ranks would add
+    every rank's noise, and on an oversubscribed CPU count the ranks' turns on
+    the cores as time); else the mean of the per-call maxima."""
     from commbench.compute.runner import scale
-    from commbench.stats import central
-    mid, lo, hi = central(m.stats, m.iters, STATISTIC)
+    from commbench.stats import central, summarize
+    own = [s for s in (m.rank_samples_s or []) if s]
+    if own:
+        slowest = max(own, key=lambda s: sum(s) / len(s))
+        mid, lo, hi = central(summarize(slowest), len(slowest), STATISTIC)
+    else:
+        mid, lo, hi = central(m.stats, m.iters, STATISTIC)
     return {"mid": mid, "low": lo, "high": hi}[bound] * scale(m)
 
 
@@ -134,15 +143,14 @@ class Times:
         return self.spec.compute_time_s(op)
 
     def slowest_rank(self, op, bound: str) -> float:
-        """A measured op's time on its slowest rank: that rank's own median
-        (scaled to the bound by the measurement's spread) where the results hold
-        it, else compute(). For ops whose ranks are not in step call by call
-        (TP groups timed side by side): a training step sums each group's
-        micro-batches and waits for the slowest group, while the maximum over
-        the ranks of every single call would add the groups' noise up."""
+        """A measured op's time on its slowest rank. compute() is that where the
+        results hold every rank's samples (central_time); in older results, the
+        slowest rank's own median (scaled to the bound by the measurement's
+        spread). For ops whose ranks are not in step call by call (TP groups
+        timed side by side)."""
         m = self.matched.get(op)
         mid = self.compute(op, "mid")
-        if m is None or not m.rank_time_p50_s or mid <= 0:
+        if m is None or m.rank_samples_s or not m.rank_time_p50_s or mid <= 0:
             return self.compute(op, bound)
         from commbench.compute.runner import scale
         return max(m.rank_time_p50_s) * scale(m) * self.compute(op, bound) / mid

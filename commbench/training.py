@@ -23,6 +23,16 @@ from commbench.parallel import Parallelism
 from commbench.strategies import ddp, fsdp
 
 LR = 1e-3
+
+
+def adam_kwargs(device) -> dict:
+    """Adam as commbench's training steps run it and its compute ops time it
+    (compute/optimizer.py, compute/framework.py): fused on a GPU (as Megatron's
+    and torchtitan's optimizers), torch's foreach implementation on a CPU (its
+    default there is a per-parameter loop, slower than either)."""
+    if torch.device(device).type == "cuda":
+        return {"lr": LR, "fused": True}
+    return {"lr": LR, "foreach": True}
 TORCH_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
                 "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
 
@@ -206,12 +216,23 @@ def _parallelize(raw, spec: ModelSpec, par: Parallelism, mesh, dev):
     return _apply_dp(raw, par, mesh)
 
 
+def adam_groups(params) -> list:
+    """The parameters as Adam's groups: DTensors apart from plain tensors (the
+    foreach and fused implementations cannot mix them in one call; a TP plan
+    under DDP holds both)."""
+    from torch.distributed.tensor import DTensor
+    params = list(params)
+    split = [[p for p in params if not isinstance(p, DTensor)], [p for p in params if isinstance(p, DTensor)]]
+    return [{"params": group} for group in split if group]
+
+
 def _optimizer(params, par: Parallelism, mesh):
+    kwargs, groups = adam_kwargs(mesh.device_type), adam_groups(params)
     if par.zero == 1 and par.dp > 1:
         from torch.distributed.optim import ZeroRedundancyOptimizer
-        return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.Adam,
-                                       process_group=mesh["dp"].get_group(), lr=LR)
-    return torch.optim.Adam(params, lr=LR)
+        return ZeroRedundancyOptimizer(groups, optimizer_class=torch.optim.Adam,
+                                       process_group=mesh["dp"].get_group(), **kwargs)
+    return torch.optim.Adam(groups, **kwargs)
 
 
 def _describe(par: Parallelism, dev: torch.device, tp_impl: str = "dtensor") -> str:
@@ -238,7 +259,8 @@ def _describe(par: Parallelism, dev: torch.device, tp_impl: str = "dtensor") -> 
         parts.append(f"{par.num_microbatches} micro-batches accumulated")
     if par.recompute == "full":
         parts.append("full recompute (torch.utils.checkpoint per block)")
-    parts.append(f"Adam lr {LR:g}; {par.dtype}"
+    impl = "fused" if "fused" in adam_kwargs(dev) else "foreach"
+    parts.append(f"Adam ({impl}) lr {LR:g}; {par.dtype}"
                  + (f", reduce in {par.grad_dtype}" if par.grad_dtype != par.dtype else "")
                  + f"; micro-batch {par.micro_batch}; {dev.type}")
     return "; ".join(parts if len(parts) > 1 else ["single replica"] + parts)

@@ -3,6 +3,8 @@ implementation), how the predictor puts a measured micro-batch with its TP in
 place of compute + TP collectives (hand-computed), the slowest rank's own
 median as its estimate, and real timings on gloo ranks: Megatron-style and
 DTensor, and a job too small to form the group."""
+import statistics
+
 import pytest
 
 from commbench import models, predict
@@ -91,6 +93,21 @@ def _measurement(samples, rank_p50):
                 group_size=1, num_nodes=1, axis="compute", in_place=False, concurrent_groups=4, params={"m": 1})
     from commbench import stats
     return Measurement(case=case, samples_s=samples, stats=stats.summarize(samples), rank_time_p50_s=rank_p50)
+
+
+def test_slowest_ranks_own_mean_is_the_estimate():
+    # every rank's own samples stored: the step sums a rank's own calls and
+    # waits for the slowest rank, so the estimate is the slowest rank's own mean
+    # (2.0), not the mean of the per-call maxima (3.0) nor any rank's median
+    op = tp_place_op("in place", 2)
+    m = _measurement([3.0, 3.0, 3.0, 3.0], [1.0, 1.5])
+    m.rank_samples_s = [[1.0, 1.0, 3.0, 1.0], [1.5, 3.0, 1.5, 2.0]]
+    times = predict.Times(comm_model=None, matched={op: m})
+    assert times.compute(op, "mid") == pytest.approx(2.0)
+    half = 1.96 * statistics.stdev([1.5, 3.0, 1.5, 2.0]) / 2
+    assert times.compute(op, "low") == pytest.approx(2.0 - half)
+    assert times.compute(op, "high") == pytest.approx(2.0 + half)
+    assert times.slowest_rank(op, "high") == pytest.approx(2.0 + half)
 
 
 def test_slowest_rank_median_is_the_estimate():

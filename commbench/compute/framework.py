@@ -102,19 +102,20 @@ def prepare_optimizer(op, device, dtype):
     """The optimizer step over the stage's parameters (gradients filled by one
     micro-batch first): Adam bare, ZeroRedundancyOptimizer on a DDP stage, or
     Adam over an FSDP2 stage's sharded parameters."""
-    from commbench.training import LR
+    from commbench.training import adam_groups, adam_kwargs
     p = dict(op.params)
     wrapper = p["wrapper"]
     module, inputs = modules.build(op, device, _param_dtype(p, dtype))
     module = _wrap(module, dict(p, wrapper={"zero1": "ddp", "none": "none"}.get(wrapper, "fsdp")), device)
     out = module(*inputs)
     out.backward(None if out.dim() == 0 else torch.randn_like(out))
-    params = [q for q in module.parameters() if q.requires_grad]
+    params = adam_groups(q for q in module.parameters() if q.requires_grad)
     if wrapper == "zero1":
         from torch.distributed.optim import ZeroRedundancyOptimizer
-        opt = ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.Adam, process_group=solo_group(), lr=LR)
+        opt = ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.Adam, process_group=solo_group(),
+                                      **adam_kwargs(device))
     else:
-        opt = torch.optim.Adam(params, lr=LR)
+        opt = torch.optim.Adam(params, **adam_kwargs(device))
     return opt.step
 
 

@@ -78,13 +78,23 @@ def build(op, device, dtype):
 
 
 def prepare(op, device, dtype):
+    """A forward: one module call. A backward: loss.backward() as a training
+    step runs it, after a fresh forward each time (untimed, compute.Staged):
+    the graph it frees and the parameter gradients it accumulates are in its
+    time."""
+    from commbench.compute import Staged
     module, inputs = build(op, device, dtype)
     if op.impl.endswith("fwd"):
         return lambda: module(*inputs)
-    out = module(*inputs)
-    wrt = [x for x in inputs[:1] if x.is_floating_point()] + list(module.parameters())
-    grad = torch.ones_like(out) if out.dim() == 0 else torch.randn_like(out)
-    return lambda: torch.autograd.grad(out, wrt, grad, retain_graph=True)
+    x, graph = inputs[0], {}
+
+    def forward():
+        x.grad = None       # a stage's input gradient is a fresh tensor, not an accumulation
+        graph["out"] = module(*inputs)
+    forward()
+    out = graph["out"]
+    grad = None if out.dim() == 0 else torch.randn_like(out)
+    return Staged(forward, lambda: graph.pop("out").backward(grad))
 
 
 PREPARE = {f"{what}_{d}": prepare for what in ("layer", "head", "stage") for d in ("fwd", "bwd")}

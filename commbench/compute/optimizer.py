@@ -1,4 +1,5 @@
-"""The optimizer step: torch's Adam (foreach, or fused on GPU) over the rank's
+"""The optimizer step: torch's Adam as training.py runs it (training.adam_kwargs:
+fused on a GPU, foreach on a CPU) over the rank's
 shard as as many fp32 tensors as it has parameters (op.n, the elements split
 evenly: the per-tensor cost is part of a real step); with 16-bit training the
 updated master weights are then copied into the 16-bit parameters, as
@@ -25,8 +26,8 @@ def prepare(op, device, dtype):
         p = torch.zeros(size, device=device, dtype=torch.float32, requires_grad=True)
         p.grad = torch.full((size,), 1e-3, device=device, dtype=torch.float32)
         masters.append(p)
-    cuda = str(device).startswith("cuda")
-    opt = torch.optim.Adam(masters, lr=1e-4, fused=True if cuda else None, foreach=None if cuda else True)
+    from commbench.training import adam_kwargs
+    opt = torch.optim.Adam(masters, **adam_kwargs(device))
     if dtype == torch.float32:
         return opt.step
     low = [torch.empty_like(p, dtype=dtype) for p in masters]

@@ -14,6 +14,7 @@ import uuid
 import numpy as np
 
 from commbench import env, results, stats, timing
+from commbench.compute import Staged
 from commbench.results import Case, Measurement, ResultFile
 
 TORCH_DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
@@ -51,35 +52,47 @@ def op_time_s(m: Measurement, field: str = "time_p50_s") -> float:
     return m.stats[field] * scale(m)
 
 
-class FlushingTimer:
-    """Times each iteration on its own, after overwriting a buffer twice the size
-    of the last-level cache (GPU L2, or COMMBENCH_CPU_CACHE_BYTES / 64 MiB on a
-    CPU), so every call starts with cold caches."""
+class PerCallTimer:
+    """Times each iteration on its own, after its untimed set-up: a Staged op's
+    `before`, and with flush, overwriting a buffer twice the size of the
+    last-level cache (GPU L2, or 64 MiB on a CPU) so every call starts with cold
+    caches. Everything else is the backend's."""
 
-    def __init__(self, backend, torch, device):
+    def __init__(self, backend, torch, device, flush: bool):
         self.backend, self.torch, self.device = backend, torch, device
-        if device == "cuda":
-            size = 2 * torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
-        else:
-            size = 2 * (64 << 20)
-        self.buf = torch.empty(max(size // 4, 1), dtype=torch.float32, device=device)
+        self.buf = None
+        if flush:
+            if device == "cuda":
+                size = 2 * torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+            else:
+                size = 2 * (64 << 20)
+            self.buf = torch.empty(max(size // 4, 1), dtype=torch.float32, device=device)
 
     def __getattr__(self, name):
         return getattr(self.backend, name)
 
+    def flush_bytes(self) -> int:
+        return 0 if self.buf is None else 4 * self.buf.numel()
+
     def time_iterations(self, op, iters):
+        if self.buf is None and not isinstance(op, Staged):
+            return self.backend.time_iterations(op, iters)
         torch, out = self.torch, []
+        call = op.timed if isinstance(op, Staged) else op
         for _ in range(iters):
-            self.buf.fill_(1.0)
+            if self.buf is not None:
+                self.buf.fill_(1.0)
+            if isinstance(op, Staged):
+                op.before()
             if self.device == "cuda":
                 a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 a.record()
-                op()
+                call()
                 b.record()
                 b.synchronize()
                 out.append(a.elapsed_time(b) * 1e-3)
             else:
-                out += timing.host_timer(op, 1)
+                out += timing.host_timer(call, 1)
         return out
 
 
@@ -126,8 +139,7 @@ def describe(case: Case, world_size: int) -> str:
 def call_s(op, timer) -> float:
     """The watchdog's bound on one timed call of op (with the cache flush, if any)."""
     from commbench import watchdog
-    flush = 4 * timer.buf.numel() if isinstance(timer, FlushingTimer) else 0
-    return watchdog.call_bound_s(op.nbytes + flush, op.flops)
+    return watchdog.call_bound_s(op.nbytes + timer.flush_bytes(), op.flops)
 
 
 def measure(backend, timer, case: Case, op, settings, hosts, torch, device, ranks_on_host=1,
@@ -156,10 +168,15 @@ def measure(backend, timer, case: Case, op, settings, hosts, torch, device, rank
     timed = timing.measure(timer, call, settings, on_phase=on_phase)
     own_p50 = float(np.median(timed.own_samples_s))
     rank_p50 = backend.control_reduce(one_hot(backend, own_p50), "sum").tolist()
+    # every rank's own samples: the predictor takes the slowest rank's own mean
+    # (predict.central_time), as a step sums each rank's calls and waits for
+    # the slowest rank, not for the slowest rank of every single call
+    rank_samples = backend.control_allgather(timed.own_samples_s)
     summary = stats.summarize(timed.samples_s)
-    slowest = int(np.argmax(rank_p50))
+    slowest = int(np.argmax([np.mean(s) for s in rank_samples]))
     m = Measurement(case=case, samples_s=timed.samples_s, warmup=settings.warmup, target_ci=settings.target_ci,
-                    stats=summary, rank_time_p50_s=rank_p50, slowest_rank=slowest, slowest_host=hosts[slowest],
+                    stats=summary, rank_time_p50_s=rank_p50, rank_samples_s=rank_samples, slowest_rank=slowest,
+                    slowest_host=hosts[slowest],
                     warnings=stats.warnings_for(summary, len(timed.samples_s), settings.target_ci))
     t = op_time_s(m)
     m.algbw_gbps = case.nbytes / t / 1e9 if t > 0 else None     # achieved memory bandwidth, GB/s
@@ -193,7 +210,7 @@ def run(workload_ops, launch, device, settings, out_path, overwrite, argv, flush
         from commbench import rankcheck
         rankcheck.check_same(backend, {k: v for k, v in header["settings"].items() if k != "threads_per_rank"})
         writer = results.open_on_rank0(backend.rank, backend.control_bcast, out_path, header, overwrite)
-        timer = FlushingTimer(backend, torch, device) if flush_l2 else backend
+        timer = PerCallTimer(backend, torch, device, flush_l2)
         todo = distinct_cases(workload_ops, device, "torch", backend.world_size)
         from commbench.compute import framework, tp_stage
         if framework.needs_solo_group(op for _, op in todo):

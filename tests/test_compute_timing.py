@@ -1,0 +1,96 @@
+"""How compute ops are timed as a training step runs them: a backward after a
+fresh, untimed forward each call (compute.Staged through runner.PerCallTimer),
+its parameter gradients accumulated like a micro-batch's; and one Adam for
+training and its op (training.adam_kwargs, adam_groups)."""
+import time
+
+import torch
+
+from commbench import models, training
+from commbench.compute import Staged, modules
+from commbench.compute.ops import compute_ops
+from commbench.compute.runner import PerCallTimer
+from commbench.parallel import Parallelism
+
+
+class HostBackend:
+    def time_iterations(self, op, iters):
+        from commbench import timing
+        return timing.host_timer(op, iters)
+
+
+def test_staged_setup_is_not_timed():
+    calls = []
+
+    def before():
+        calls.append("before")
+        time.sleep(0.02)
+
+    def timed():
+        calls.append("timed")
+        time.sleep(0.002)
+    timer = PerCallTimer(HostBackend(), torch, "cpu", flush=False)
+    samples = timer.time_iterations(Staged(before, timed), 3)
+    assert calls == ["before", "timed"] * 3
+    assert len(samples) == 3 and all(0.002 <= s < 0.015 for s in samples)
+    # an op that is not staged is the backend's, timed back to back
+    assert len(timer.time_iterations(lambda: None, 5)) == 5 and timer.flush_bytes() == 0
+    assert PerCallTimer(HostBackend(), torch, "cpu", flush=True).flush_bytes() == 2 * (64 << 20)
+
+
+def _stage_op(impl):
+    par = Parallelism(world=1, gpus_per_node=1, global_batch=1)
+    return next(op for op in compute_ops(models.get("tiny-gpt"), par) if op.impl == impl)
+
+
+def test_module_backward_accumulates_like_a_micro_batch():
+    call = modules.prepare(_stage_op("stage_bwd"), "cpu", torch.float32)
+    assert isinstance(call, Staged)
+    call()      # forward + backward: every parameter holds one micro-batch's gradient
+    params = _module_params(call)
+    first = [p.grad.clone() for p in params]
+    assert all(g.abs().sum() > 0 for g in first)
+    call()      # the same input again: the gradients are now twice as large
+    for g, p in zip(first, params):
+        assert torch.allclose(p.grad, 2 * g, rtol=1e-4, atol=1e-6)
+
+
+def _module_params(call):
+    """The stage module's parameters, through the forward closure of the Staged call."""
+    cells = {c.cell_contents for c in call.before.__closure__ if isinstance(c.cell_contents, torch.nn.Module)}
+    (module,) = cells
+    return list(module.parameters())
+
+
+def test_module_forward_is_one_call():
+    call = modules.prepare(_stage_op("stage_fwd"), "cpu", torch.float32)
+    assert not isinstance(call, Staged)
+    assert call().dim() == 0        # the whole stage ends in its loss
+
+
+def test_training_and_the_adam_op_share_one_adam():
+    assert training.adam_kwargs("cpu") == {"lr": training.LR, "foreach": True}
+    assert training.adam_kwargs("cuda") == {"lr": training.LR, "fused": True}
+    plain = [torch.nn.Parameter(torch.zeros(3))]
+    assert training.adam_groups(plain) == [{"params": plain}]
+
+
+def test_adam_groups_keep_dtensors_apart(tmp_path):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rdv", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        d = torch.nn.Parameter(distribute_tensor(torch.ones(4), mesh, [Replicate()]))
+        p = torch.nn.Parameter(torch.ones(4))
+        groups = training.adam_groups([d, p])
+        assert [g["params"] for g in groups] == [[p], [d]] and isinstance(groups[1]["params"][0], DTensor)
+        opt = torch.optim.Adam(groups, **training.adam_kwargs("cpu"))
+        for q in (d, p):
+            q.grad = torch.ones_like(q)
+        opt.step()      # one foreach call would refuse the mix
+        assert torch.allclose(p.detach(), torch.full((4,), 1 - training.LR))
+        assert torch.allclose(d.detach().full_tensor(), torch.full((4,), 1 - training.LR))
+    finally:
+        dist.destroy_process_group()
