@@ -377,7 +377,8 @@ def p2p_times(comm_ops, par, times: Times, bound: str):
 class Call:
     ready_s: float
     duration_s: float
-    deadline_s: float | None      # gating all-gathers: compute of its unit starts here
+    deadline_s: float | None      # compute waits for it here: a gating all-gather's unit starts; a
+                                  # host-blocking call (CPU) is issued
 
 
 def _spread(interval_list, frac: float) -> float:
@@ -440,15 +441,20 @@ def dp_calls(dp_ops, par, timeline, times: Times, bound: str) -> list:
                 # which on a GPU the host reaches while the unit before still
                 # computes, on a CPU only when it is done
                 ahead = phase == "bwd" or times.host_runs_ahead
+                # a blocking call of the host (FSDP2's) on a device the host computes
+                # on (a CPU) holds the compute up from where it is issued until done
+                blocking = c.host_blocking and not times.host_runs_ahead
                 for i, (f0, f1) in enumerate(fr):
                     if gating:      # prefetched when the unit before starts; its unit starts at f0
                         before_unit = fr[i - 1][0] if i > 0 else (unit_before if k == 1 else None)
                         prev = before_unit if ahead and before_unit is not None else f0
-                        calls.append(Call(_spread(ivs, prev), dur, _spread(ivs, f0)))
+                        issued = _spread(ivs, prev)
+                        calls.append(Call(issued, dur, issued if blocking else _spread(ivs, f0)))
                         if k == 1:
                             unit_before = f0
                     else:           # its gradients are complete at the end of its part
-                        calls.append(Call(_spread(ivs, f1), dur, None))
+                        ready = _spread(ivs, f1)
+                        calls.append(Call(ready, dur, ready if blocking else None))
     if after:
         last_bwd = max(op.end_s for op in timeline if op.kind == "B")
         calls += [Call(last_bwd, times.comm_op(c, bound), None) for c in after for _ in range(c.count)]

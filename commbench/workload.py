@@ -13,6 +13,11 @@ class CommOp:
     count: int               # times per optimizer step, per rank
     phase: str               # fwd | bwd | step
     overlap: str = "none"    # what it may hide behind: bwd | fwd | none
+    # issued by a blocking call of the host that overlaps compute only through a
+    # GPU's streams (FSDP2's all-gathers and reduce-scatters): on a CPU device,
+    # where the host runs the compute, it holds the compute up; the others are
+    # async works the backend progresses beside compute (DDP's buckets)
+    host_blocking: bool = False
     dtype: str = "bf16"
     strategy: str = ""       # ddp | zero1 | zero2 | fsdp | tp | pp
     label: str = ""          # e.g. "bucket 3/7", "attn out fwd"

@@ -127,3 +127,18 @@ def test_wrappers_timed_on_two_gloo_ranks(tmp_path, flags, wrappers):
         # the bare stage's forward and backward (2-3x for tiny-gpt on this CPU)
         assert timed[("dp_microbatch", "fsdp_reshard")].stats["time_p50_s"] > \
             timed[("dp_microbatch", "none")].stats["time_p50_s"]
+        # two ranks: the FSDP micro-batch ran over a fake group of dp = 2, not alone
+        assert timed[("dp_microbatch", "fsdp_reshard")].case.params["dp"] == 2
+        assert not any("fake group" in w for m in timed.values() for w in m.warnings)
+
+
+def test_fsdp_micro_batch_alone_where_the_job_cannot_form_the_dp_group(tmp_path):
+    from commbench import results
+    out = tmp_path / "c.jsonl"
+    p = commbench("compute", "--model", "tiny-gpt", "--nprocs", "1", "--world", "2", "--zero", "2",
+                  "--global-batch", "4", "--dtype", "fp32", "-n", "3", "-w", "1", "--target-ci", "0", "--device", "cpu",
+                  "-q", "--out", out, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    (fsdp,) = [m for m in results.load(str(out)).measurements
+               if m.case.op == "dp_microbatch" and m.case.params["wrapper"] == "fsdp"]
+    assert fsdp.status == "ok" and any("not a fake group of dp = 2" in w for w in fsdp.warnings)

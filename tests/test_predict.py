@@ -167,6 +167,31 @@ def test_zero3_forward_gathers_not_ahead_on_a_cpu_device():
     assert sb.breakdown["dp_exposed_s"] == pytest.approx(0.5)
 
 
+def test_host_blocking_collectives_overlap_nothing_on_a_cpu_device():
+    """FSDP2's gathers and reduce-scatters are blocking calls of the host,
+    overlapped only through a GPU's streams: on a CPU device every one holds
+    the compute up (4 x 0.5 + 4 x 0.5 = 4 exposed, nothing hidden); async
+    works (DDP's buckets) still overlap there, and on a GPU both do."""
+    from dataclasses import replace
+    par = Parallelism(world=2, gpus_per_node=2, zero=3)
+    fsdp = [replace(dp_op("bgather", 100, coll="all_gather", count=4), host_blocking=True),
+            replace(dp_op("rs", 100, coll="reduce_scatter", count=4), host_blocking=True)]
+    table = {"layer fwd": 4.0, "layer bwd": 8.0, "adam": 0.0}
+    cpu = TableTimes(table, {"bgather": 0.5, "rs": 0.5})
+    cpu.host_runs_ahead = False
+    sb = predict.predict(workload(par, layer_ops(1) + [adam()], fsdp), par, cpu)
+    assert sb.breakdown["dp_exposed_s"] == pytest.approx(4.0)
+    assert sb.breakdown["hidden_comm_s"] == pytest.approx(0.0)
+    assert sb.step_time_s == pytest.approx(12 + 4.0)
+    gpu = predict.predict(workload(par, layer_ops(1) + [adam()], fsdp), par, TableTimes(table, {"bgather": 0.5,
+                                                                                               "rs": 0.5}))
+    assert gpu.breakdown["dp_exposed_s"] < 2.0 and gpu.breakdown["hidden_comm_s"] > 2.0
+    # the same collectives as async works: overlapped on the CPU as well
+    asynchronous = [replace(c, host_blocking=False) for c in fsdp]
+    sb = predict.predict(workload(par, layer_ops(1) + [adam()], asynchronous), par, cpu)
+    assert sb.breakdown["dp_exposed_s"] == pytest.approx(gpu.breakdown["dp_exposed_s"])
+
+
 def test_interference_slows_overlapped_comm_and_compute():
     par = Parallelism(world=2, gpus_per_node=2)
     w = workload(par, layer_ops(1) + [adam()], [dp_op("first", 300), dp_op("last", 100)])

@@ -358,3 +358,15 @@ def test_proof_pipeline_fsdp_matches_comm_ops():
             assert all(c != "reduce_scatter" for _, s in segs[:-2] for c, _ in s)
             if r in (0, 2) and sched == "1f1b" and raf:
                 print(f"\n1f1b stage {stage}:\n{_table(got, want)}")
+
+
+def test_only_fsdp2_collectives_block_the_host():
+    # FSDP2 (ZeRO-3, and torch ZeRO-2, which is FSDP2 without resharding) passes no
+    # async_op: its collectives are blocking calls of the host; DDP's buckets
+    # and ZeRO-1's broadcasts are async works
+    from commbench import plan
+    tiny = models.get("tiny-gpt")
+    for zero, blocking in ((0, False), (1, False), (2, True), (3, True)):
+        w = plan.build(tiny, Parallelism(world=2, gpus_per_node=2, zero=zero, global_batch=4))
+        dp = [c for c in w.comm_ops if c.axis == "dp"]
+        assert dp and all(c.host_blocking is blocking for c in dp), zero

@@ -334,7 +334,7 @@ def framework_ops(model: ModelSpec, par: Parallelism) -> list:
     ops = []
     for stage in range(par.pp):
         sp = dict(_stage_shape(model, par, stage), dtype=par.dtype, grad_dtype=par.grad_dtype,
-                  bucket_mb=par.bucket_mb)
+                  bucket_mb=par.bucket_mb, dp=par.dp)
         work = _stage_work(model, par, stage, layer)
         adam = next(o for o in optimizer_ops(model, replace(par, zero=0)) if o.stage == stage)
 

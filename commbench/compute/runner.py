@@ -180,6 +180,9 @@ def measure(backend, timer, case: Case, op, settings, hosts, torch, device, rank
                     warnings=stats.warnings_for(summary, len(timed.samples_s), settings.target_ci))
     t = op_time_s(m)
     m.algbw_gbps = case.nbytes / t / 1e9 if t > 0 else None     # achieved memory bandwidth, GB/s
+    from commbench.compute import framework
+    if framework.group_note(op):
+        m.warnings.append(framework.group_note(op))
     if scale(m) != 1.0:
         m.warnings.append(f"timed on {case.params['timed_numel']} of {case.params['m']} elements, scaled linearly")
     return m
@@ -213,8 +216,7 @@ def run(workload_ops, launch, device, settings, out_path, overwrite, argv, flush
         timer = PerCallTimer(backend, torch, device, flush_l2)
         todo = distinct_cases(workload_ops, device, "torch", backend.world_size)
         from commbench.compute import framework, tp_stage
-        if framework.needs_solo_group(op for _, op in todo):
-            framework.solo_group()      # collective: every rank, before any framework op is set up
+        framework.prepare_groups([op for _, op in todo], backend.world_size)   # collective: every rank
         for tp in tp_stage.group_sizes([op for _, op in todo], backend.world_size):
             tp_stage.tp_group(tp)       # collective too
         result = ResultFile(header=header, measurements=[], path=out_path)

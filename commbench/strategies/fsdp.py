@@ -43,6 +43,11 @@ What FSDP2 issues (torch 2.13, torch/distributed/fsdp/_fully_shard/):
   micro-batches but the last (sync_every_microbatch=False): then gradients
   accumulate unsharded and each unit reduce-scatters once per step, while the
   all-gathers are unchanged.
+- Both are blocking calls of the host (unshard and foreach_reduce pass no
+  async_op; overlap comes from the all-gather and reduce-scatter CUDA streams
+  they are issued on): on a GPU they overlap compute through those streams, on
+  a CPU device each one holds the host, and so the compute, up until it is done
+  (CommOp.host_blocking).
 - The optimizer step on the sharded DTensor parameters is local: nothing.
 - dp = 1: no collectives (FSDPParamGroup.unshard and foreach_reduce skip them).
 
@@ -195,15 +200,17 @@ def comm_ops(model: ModelSpec, par: Parallelism, *, reshard_after_forward: bool 
                                               if x.endswith("weight")) + ")")
             # all_gather S = n x per-rank padded shard = padded numel, in the param dtype
             out.append(op(par, "all_gather", "dp", numel * param_bytes(par), fwd * k, "fwd", STRATEGY,
-                          overlap="fwd", label=f"{what} all-gather fwd", dtype=par.dtype, stage=stage))
+                          overlap="fwd", label=f"{what} all-gather fwd", dtype=par.dtype, stage=stage,
+                          host_blocking=True))
             if bwd:
                 out.append(op(par, "all_gather", "dp", numel * param_bytes(par), bwd * k, "bwd", STRATEGY,
-                              overlap="bwd", label=f"{what} all-gather bwd", dtype=par.dtype, stage=stage))
+                              overlap="bwd", label=f"{what} all-gather bwd", dtype=par.dtype, stage=stage,
+                              host_blocking=True))
             # reduce_scatter S = the padded flat gradient input, in the reduce dtype;
             # with pipelining it runs after the whole backward, hidden behind nothing
             out.append(op(par, "reduce_scatter", "dp", numel * grad_bytes(par), rs * k, "bwd", STRATEGY,
                           overlap="bwd" if par.pp == 1 else "none", label=f"{what} reduce-scatter",
-                          dtype=par.grad_dtype, stage=stage))
+                          dtype=par.grad_dtype, stage=stage, host_blocking=True))
     return out
 
 

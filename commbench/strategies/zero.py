@@ -123,14 +123,14 @@ def _torch_zero2(model, par):
             # all_gather S = total gathered output, n x padded shard, in the parameter dtype
             ops.append(op(par, "all_gather", "dp", u.padded_numel(n) * param_bytes(par), count=fwd,
                           phase="fwd", strategy="zero2", overlap="fwd", label=f"{name[u]} params",
-                          dtype=par.dtype, stage=stage))
+                          dtype=par.dtype, stage=stage, host_blocking=True))
         blocks = [u for u in units if u.label != "root"]
         root = [u for u in units if u.label == "root"]
         for u in list(reversed(blocks)) + root:   # backward: last layer first, root last
             # reduce_scatter S = total input, n x padded shard, in the gradient dtype
             ops.append(op(par, "reduce_scatter", "dp", u.padded_numel(n) * grad_bytes(par), count=rs,
                           phase="bwd", strategy="zero2", overlap="bwd" if par.pp == 1 else "none",
-                          label=f"{name[u]} grads", stage=stage))
+                          label=f"{name[u]} grads", stage=stage, host_blocking=True))
     return ops
 
 
