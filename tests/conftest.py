@@ -27,6 +27,17 @@ def commbench(*args, launcher=(), env=None, timeout=240, cwd=None):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env or clean_env(), cwd=cwd)
 
 
+def compute_measurements(tmp_path, *flags, iters=3):
+    """`commbench compute FLAGS` on the CPU in fp32, iters calls a case after one
+    warmup call: its measurements (the run must exit 0)."""
+    from commbench import results
+    out = tmp_path / "c.jsonl"
+    p = commbench("compute", *flags, "--dtype", "fp32", "-n", iters, "-w", "1", "--target-ci", "0",
+                  "--device", "cpu", "-q", "--out", out, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    return results.load(str(out)).measurements
+
+
 def mpiexec(n):
     return [MPIEXEC, "-n", str(n)]
 

@@ -8,7 +8,7 @@ from commbench import models, predict
 from commbench.compute import ops as compute_ops
 from commbench.parallel import Parallelism
 from commbench.workload import ComputeOp
-from conftest import commbench
+from conftest import compute_measurements
 from test_predict import TableTimes, adam, dp_op, layer_ops, workload
 
 TINY = models.get("tiny-gpt")
@@ -113,12 +113,8 @@ def test_wrapped_faster_than_bare_counts_as_no_overhead():
                                               ("dp_optimizer", "fsdp"), ("dp_optimizer", "none")}),
 ])
 def test_wrappers_timed_on_two_gloo_ranks(tmp_path, flags, wrappers):
-    from commbench import results
-    out = tmp_path / "c.jsonl"
-    p = commbench("compute", "--model", "tiny-gpt", "--nprocs", "2", "--dtype", "fp32", "-n", "5", "-w", "1",
-                  "--target-ci", "0", "--device", "cpu", "-q", *flags, "--out", out, cwd=tmp_path)
-    assert p.returncode == 0, p.stderr
-    timed = {(m.case.op, m.case.params["wrapper"]): m for m in results.load(str(out)).measurements
+    timed = {(m.case.op, m.case.params["wrapper"]): m
+             for m in compute_measurements(tmp_path, "--model", "tiny-gpt", "--nprocs", "2", *flags, iters=5)
              if m.case.op in ("dp_microbatch", "dp_optimizer")}
     assert set(timed) == wrappers
     assert all(m.status == "ok" and len(m.samples_s) == 5 and len(m.rank_time_p50_s) == 2 for m in timed.values())
@@ -133,12 +129,7 @@ def test_wrappers_timed_on_two_gloo_ranks(tmp_path, flags, wrappers):
 
 
 def test_fsdp_micro_batch_alone_where_the_job_cannot_form_the_dp_group(tmp_path):
-    from commbench import results
-    out = tmp_path / "c.jsonl"
-    p = commbench("compute", "--model", "tiny-gpt", "--nprocs", "1", "--world", "2", "--zero", "2",
-                  "--global-batch", "4", "--dtype", "fp32", "-n", "3", "-w", "1", "--target-ci", "0", "--device", "cpu",
-                  "-q", "--out", out, cwd=tmp_path)
-    assert p.returncode == 0, p.stderr
-    (fsdp,) = [m for m in results.load(str(out)).measurements
-               if m.case.op == "dp_microbatch" and m.case.params["wrapper"] == "fsdp"]
+    ms = compute_measurements(tmp_path, "--model", "tiny-gpt", "--nprocs", "1", "--world", "2", "--zero", "2",
+                              "--global-batch", "4")
+    (fsdp,) = [m for m in ms if m.case.op == "dp_microbatch" and m.case.params["wrapper"] == "fsdp"]
     assert fsdp.status == "ok" and any("not a fake group of dp = 2" in w for w in fsdp.warnings)

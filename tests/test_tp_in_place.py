@@ -12,7 +12,7 @@ from commbench.compute import ops as compute_ops
 from commbench.parallel import Parallelism
 from commbench.results import Case, Measurement
 from commbench.workload import CommOp, ComputeOp
-from conftest import commbench
+from conftest import compute_measurements
 from test_framework_overhead import MeasuredTable
 from test_predict import adam, layer_ops, workload
 
@@ -126,13 +126,8 @@ def test_slowest_rank_median_is_the_estimate():
 
 
 def test_megatron_timed_on_two_gloo_ranks(tmp_path):
-    from commbench import results
-    out = tmp_path / "c.jsonl"
-    p = commbench("compute", "--model", "tiny-gpt", "--nprocs", "2", "--gpus-per-node", "2", "--tp", "2",
-                  "--global-batch", "2", "--dtype", "fp32", "-n", "4", "-w", "1", "--target-ci", "0", "--device", "cpu",
-                  "-q", "--out", out, cwd=tmp_path)
-    assert p.returncode == 0, p.stderr
-    ms = results.load(str(out)).measurements
+    ms = compute_measurements(tmp_path, "--model", "tiny-gpt", "--nprocs", "2", "--gpus-per-node", "2", "--tp", "2",
+                              "--global-batch", "2", iters=4)
     (m,) = [m for m in ms if m.case.op == "tp_microbatch"]
     assert m.status == "ok" and len(m.samples_s) == 4 and len(m.rank_time_p50_s) == 2
     assert m.case.params["flavour"] == "megatron"
@@ -189,13 +184,9 @@ def test_dtensor_stages_run_on_four_gloo_ranks():
 
 
 def test_skipped_where_the_job_cannot_form_the_group(tmp_path):
-    from commbench import results
-    out = tmp_path / "c.jsonl"
-    p = commbench("compute", "--model", "tiny-gpt", "--nprocs", "1", "--world", "4", "--gpus-per-node", "4",
-                  "--tp", "4", "--global-batch", "2", "--dtype", "fp32", "-n", "2", "-w", "0", "--target-ci", "0",
-                  "--device", "cpu", "-q", "--out", out, cwd=tmp_path)
-    assert p.returncode == 0, p.stderr
-    (m,) = [m for m in results.load(str(out)).measurements if m.case.op == "tp_microbatch"]
+    ms = compute_measurements(tmp_path, "--model", "tiny-gpt", "--nprocs", "1", "--world", "4", "--gpus-per-node", "4",
+                              "--tp", "4", "--global-batch", "2", iters=2)
+    (m,) = [m for m in ms if m.case.op == "tp_microbatch"]
     assert m.status == "skipped" and "multiple of tp = 4" in m.skip_reason
 
 
