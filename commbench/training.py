@@ -23,6 +23,8 @@ from commbench.parallel import Parallelism
 from commbench.strategies import ddp, fsdp
 
 LR = 1e-3
+TORCH_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
+                "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
 
 
 def adam_kwargs(device) -> dict:
@@ -33,8 +35,6 @@ def adam_kwargs(device) -> dict:
     if torch.device(device).type == "cuda":
         return {"lr": LR, "fused": True}
     return {"lr": LR, "foreach": True}
-TORCH_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
-                "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
 
 
 @dataclass

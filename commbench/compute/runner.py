@@ -181,8 +181,9 @@ def measure(backend, timer, case: Case, op, settings, hosts, torch, device, rank
     t = op_time_s(m)
     m.algbw_gbps = case.nbytes / t / 1e9 if t > 0 else None     # achieved memory bandwidth, GB/s
     from commbench.compute import framework
-    if framework.group_note(op):
-        m.warnings.append(framework.group_note(op))
+    note = framework.group_note(op)
+    if note:
+        m.warnings.append(note)
     if scale(m) != 1.0:
         m.warnings.append(f"timed on {case.params['timed_numel']} of {case.params['m']} elements, scaled linearly")
     return m
