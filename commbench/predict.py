@@ -100,12 +100,16 @@ def central_time(m, bound: str) -> float:
     step waits for the slowest rank: the per-call maximum over ranks would add
     every rank's noise, and on an oversubscribed CPU count the ranks' turns on
     the cores as time); else the mean of the per-call maxima."""
+    import numpy as np
+
     from commbench.compute.runner import scale
-    from commbench.stats import central, summarize
-    own = [s for s in (m.rank_samples_s or []) if s]
+    from commbench.stats import central
+    own = [np.asarray(s, dtype=np.float64) for s in (m.rank_samples_s or []) if s]
     if own:
-        slowest = max(own, key=lambda s: sum(s) / len(s))
-        mid, lo, hi = central(summarize(slowest), len(slowest), STATISTIC)
+        slowest = max(own, key=np.mean)
+        spread = {"time_mean_s": float(slowest.mean()),
+                  "time_stdev_s": float(slowest.std(ddof=1)) if len(slowest) > 1 else 0.0}
+        mid, lo, hi = central(spread, len(slowest), STATISTIC)
     else:
         mid, lo, hi = central(m.stats, m.iters, STATISTIC)
     return {"mid": mid, "low": lo, "high": hi}[bound] * scale(m)
