@@ -27,5 +27,5 @@ setup(
         "all": ["mpi4py>=3.1", "cupy-cuda12x", "nvidia-ml-py", "matplotlib>=3.6",
                 "pytest>=7", "pytest-timeout", "hypothesis"],
     },
-    entry_points={"console_scripts": ["commbench=commbench.cli:main"]},
+    entry_points={"console_scripts": ["commbench=commbench.cli:entry"]},
 )

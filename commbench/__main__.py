@@ -1,3 +1,3 @@
-from commbench.cli import main
+from commbench.cli import entry
 
-raise SystemExit(main())
+entry()

@@ -622,6 +622,22 @@ def _refuse_empty(a):
             raise ValueError(f"an empty value for {name.replace('_', '-')}")
 
 
+def entry():
+    """The `commbench` command and `python -m commbench`: main(), then the end of
+    the process. Where torch was loaded, the process ends without the
+    interpreter's finalization (outputs flushed; every results file is written
+    and closed by then): gloo's worker threads can still hold work whose tensors
+    need the GIL while the interpreter is torn down, which aborts a rank whose
+    run succeeded (SIGABRT, "terminate called without an active exception",
+    exit 134; pytorch/pytorch#179291)."""
+    code = main()
+    if "torch" in sys.modules:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code or 0)
+    raise SystemExit(code)
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
