@@ -634,6 +634,9 @@ def entry():
     if "torch" in sys.modules:
         sys.stdout.flush()
         sys.stderr.flush()
+        mpi = sys.modules.get("mpi4py.MPI")
+        if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+            mpi.Finalize()      # what mpi4py's atexit would do: Open MPI's mpirun fails a rank that skips it
         os._exit(code or 0)
     raise SystemExit(code)
 
