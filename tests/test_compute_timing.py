@@ -1,5 +1,6 @@
 """How compute ops are timed as a training step runs them: a backward after a
-fresh, untimed forward each call (compute.Staged through runner.PerCallTimer),
+fresh, untimed forward each call, a forward followed by its untimed backward
+(compute.Staged through runner.PerCallTimer),
 its parameter gradients accumulated like a micro-batch's; and one Adam for
 training and its op (training.adam_kwargs, adam_groups)."""
 import time
@@ -19,20 +20,21 @@ class HostBackend:
         return timing.host_timer(op, iters)
 
 
-def test_staged_setup_is_not_timed():
+def test_staged_setup_and_teardown_are_not_timed():
     calls = []
 
-    def before():
-        calls.append("before")
-        time.sleep(0.02)
-
-    def timed():
-        calls.append("timed")
-        time.sleep(0.002)
+    def step(name, seconds):
+        def run():
+            calls.append(name)
+            time.sleep(seconds)
+        return run
     timer = PerCallTimer(HostBackend(), torch, "cpu", flush=False)
-    samples = timer.time_iterations(Staged(before, timed), 3)
-    assert calls == ["before", "timed"] * 3
+    samples = timer.time_iterations(Staged(step("before", 0.02), step("timed", 0.002), step("after", 0.02)), 3)
+    assert calls == ["before", "timed", "after"] * 3
     assert len(samples) == 3 and all(0.002 <= s < 0.015 for s in samples)
+    calls.clear()
+    samples = timer.time_iterations(Staged(None, step("timed", 0.002), after=step("after", 0.02)), 2)
+    assert calls == ["timed", "after"] * 2 and all(0.002 <= s < 0.015 for s in samples)
     # an op that is not staged is the backend's, timed back to back
     assert len(timer.time_iterations(lambda: None, 5)) == 5 and timer.flush_bytes() == 0
     assert PerCallTimer(HostBackend(), torch, "cpu", flush=True).flush_bytes() == 2 * (64 << 20)
@@ -57,15 +59,29 @@ def test_module_backward_accumulates_like_a_micro_batch():
 
 def _module_params(call):
     """The stage module's parameters, through the forward closure of the Staged call."""
-    cells = {c.cell_contents for c in call.before.__closure__ if isinstance(c.cell_contents, torch.nn.Module)}
-    (module,) = cells
-    return list(module.parameters())
+    return list(_closure_module(call.before).parameters())
 
 
-def test_module_forward_is_one_call():
+def test_module_forward_is_timed_before_its_backward():
+    """A forward is one module call; its backward runs after it, untimed, so no
+    two forwards run back to back and each leaves its gradients as a step does."""
     call = modules.prepare(_stage_op("stage_fwd"), "cpu", torch.float32)
-    assert not isinstance(call, Staged)
-    assert call().dim() == 0        # the whole stage ends in its loss
+    assert isinstance(call, Staged) and call.before is None
+    params = list(_closure_module(call.timed).parameters())
+    start = [p.grad.clone() for p in params]      # prepare's own forward and backward
+    assert all(g.abs().sum() > 0 for g in start)
+    call.timed()
+    assert all(torch.equal(p.grad, g) for p, g in zip(params, start))   # the timed part: the forward only
+    call.after()
+    for g, p in zip(start, params):
+        assert torch.allclose(p.grad, 2 * g, rtol=1e-4, atol=1e-6)
+    call()          # whole: forward and backward again
+    assert all(torch.allclose(p.grad, 3 * g, rtol=1e-4, atol=1e-6) for g, p in zip(start, params))
+
+
+def _closure_module(fn):
+    (module,) = {c.cell_contents for c in fn.__closure__ if isinstance(c.cell_contents, torch.nn.Module)}
+    return module
 
 
 def test_training_and_the_adam_op_share_one_adam():

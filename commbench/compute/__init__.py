@@ -11,14 +11,18 @@ def kernels() -> dict:
 
 
 class Staged:
-    """A call timed after an untimed set-up of its own, every time: a backward
-    pass after a fresh forward (the graph it frees and the gradients it
-    accumulates are part of its time, as in a training step). Called as a
-    whole (warmup), it runs both."""
+    """A call timed between untimed steps of its own, every time, as a training
+    step runs it: a backward after a fresh forward (the graph it frees and the
+    gradients it accumulates are part of its time), a forward followed by its
+    backward (which frees the graph and leaves the caches as the next
+    micro-batch's forward finds them). Called as a whole (warmup), it runs all."""
 
-    def __init__(self, before, timed):
-        self.before, self.timed = before, timed
+    def __init__(self, before, timed, after=None):
+        self.before, self.timed, self.after = before, timed, after
 
     def __call__(self):
-        self.before()
+        if self.before:
+            self.before()
         self.timed()
+        if self.after:
+            self.after()

@@ -53,8 +53,8 @@ def op_time_s(m: Measurement, field: str = "time_p50_s") -> float:
 
 
 class PerCallTimer:
-    """Times each iteration on its own, after its untimed set-up: a Staged op's
-    `before`, and with flush, overwriting a buffer twice the size of the
+    """Times each iteration on its own, between untimed steps of its own: a
+    Staged op's `before` and `after`, and with flush, overwriting a buffer twice the size of the
     last-level cache (GPU L2, or 64 MiB on a CPU) so every call starts with cold
     caches. Everything else is the backend's."""
 
@@ -82,7 +82,7 @@ class PerCallTimer:
         for _ in range(iters):
             if self.buf is not None:
                 self.buf.fill_(1.0)
-            if isinstance(op, Staged):
+            if isinstance(op, Staged) and op.before:
                 op.before()
             if self.device == "cuda":
                 a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -93,6 +93,8 @@ class PerCallTimer:
                 out.append(a.elapsed_time(b) * 1e-3)
             else:
                 out += timing.host_timer(call, 1)
+            if isinstance(op, Staged) and op.after:
+                op.after()
         return out
 
 
@@ -109,11 +111,13 @@ def free_bytes(device: str, ranks_on_host: int) -> int | None:
 def needed_bytes(op, device: str) -> int:
     """A generous bound on what timing op allocates: its inputs and outputs (the
     bytes it moves) twice over (a backward keeps the forward's tensors and adds
-    gradients); for Adam, per element timed, the fp32 master, gradient, m and v
+    gradients, and a module's forward is followed by its backward); for Adam, per element timed, the fp32 master, gradient, m and v
     and a 16-bit copy (18 B)."""
     if op.impl == "adam":
         from commbench.compute import optimizer
         return 18 * optimizer.timed_numel(op, device)
+    if op.impl in ("layer_fwd", "head_fwd", "stage_fwd"):
+        return 6 * int(op.nbytes)       # its backward runs after it (modules.prepare): about twice its bytes again
     return 2 * int(op.nbytes)
 
 
