@@ -115,12 +115,14 @@ def _loglog(x, x0, x1, y0, y1) -> float:
 class CommModel:
     """Build with from_results or from_system; ask with estimate."""
 
-    def __init__(self, points=(), spec=None, backend: str = "", device: str = ""):
+    def __init__(self, points=(), spec=None, backend: str = "", device: str = "", bursts=None):
         self._spec = spec
         self.backend, self.device = backend, device
         self._by_key = {}
         for p in points:
             self._by_key.setdefault((p.collective, p.group_size, p.num_nodes), []).append(p)
+        # (group size, nodes, dtype, total bytes, broadcasts) -> _Point of a measured broadcast burst
+        self._bursts = dict(bursts or {})
         self._fits = {}
 
     # ------------------------------------------------------------ construction
@@ -153,7 +155,15 @@ class CommModel:
         points = [p for p in (_point(m, statistic) for m in ms) if p is not None]
         if not points:
             raise ValueError(f"the collective measurements in {names} have no times (no stats, no samples)")
-        return cls(points, backend=backend, device=device)
+        bursts = {}
+        for m in sorted((m for rf in result_files for m in rf.measurements
+                         if m.status == "ok" and m.case.op == "broadcast_burst" and not m.num_wrong
+                         and m.case.backend == backend and m.case.device == device),
+                        key=lambda m: m.case.concurrent_groups):      # the most concurrent one wins
+            p, c = _point(m, statistic), m.case
+            if p is not None:
+                bursts[(c.group_size, c.num_nodes, c.dtype, c.nbytes, c.params.get("broadcasts"))] = p
+        return cls(points, backend=backend, device=device, bursts=bursts)
 
     @classmethod
     def from_system(cls, spec) -> "CommModel":
@@ -161,6 +171,15 @@ class CommModel:
         return cls(spec=spec, backend="spec", device=spec.name)
 
     # ------------------------------------------------------------ the question
+    def burst(self, nbytes: int, broadcasts: int, group_size: int, num_nodes: int, dtype: str) -> Estimate | None:
+        """A burst of broadcasts (collectives.broadcast_burst) of nbytes in all,
+        measured as one, or None where no measurement has that shape."""
+        p = self._bursts.get((group_size, num_nodes, _canonical_dtype(dtype), nbytes, broadcasts))
+        if p is None:
+            return None
+        return Estimate(p.time_s, p.low_s, p.high_s, "measured",
+                        f"broadcast_burst of {broadcasts} n={group_size} nodes={num_nodes} {nbytes} B")
+
     def estimate(self, collective: str, nbytes: int, group_size: int, num_nodes: int,
                  dtype: str = "bf16", concurrent: bool = True) -> Estimate:
         """Time of one collective: S = nbytes (DESIGN.md busbw table; send_recv: the

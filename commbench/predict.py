@@ -171,6 +171,16 @@ class Times:
     def comm_op(self, c, bound: str) -> float:
         return self.comm(c.collective, c.nbytes, c.group_size, c.num_nodes, c.dtype, bound)
 
+    def burst(self, pieces: list, group_size: int, num_nodes: int, dtype: str, bound: str) -> float | None:
+        """A burst of broadcasts ((root, nbytes), ...) issued together, where one
+        like it was measured as a whole (collectives.broadcast_burst); else None."""
+        est = None
+        if self.comm_model is not None and hasattr(self.comm_model, "burst"):
+            est = self.comm_model.burst(sum(b for _, b in pieces), len(pieces), group_size, num_nodes, dtype)
+        if est is None:
+            return None
+        return {"mid": est.time_s, "low": est.low_s, "high": est.high_s}[bound]
+
 
 # ----------------------------------------------------------------------------- per stage
 @dataclass
@@ -287,12 +297,24 @@ def _stage_comm(stages: list, comm_ops, par, times: Times, bound: str):
             st.pp_step_s += times.comm_op(c, bound) * c.count
     # once-per-step DP collectives (ZeRO-1's parameter broadcasts or all-gather):
     # torch's ZeroRedundancyOptimizer issues one broadcast per parameter, async,
-    # and waits for all; they are not coalesced, so each runs (and pays its
-    # latency) in turn, as NCCL runs the kernels of one stream and gloo its work
-    # queue (benchmarks/zero1_broadcasts.py: tiny-gpt's 68 take 16-20 ms async
-    # on 2 gloo ranks, one broadcast of their total bytes 0.3 ms)
+    # and waits for all. Where that burst was measured as a whole (run --plan:
+    # collectives.broadcast_burst) it is its time; else the broadcasts' own times
+    # in series: they are not coalesced, so each pays its latency in turn, as
+    # NCCL runs the kernels of one stream and gloo its work queue
+    # (benchmarks/zero1_broadcasts.py: tiny-gpt's 68 take 16-20 ms async on 2
+    # gloo ranks, 11-15 ms one after another, one broadcast of their bytes 0.3 ms)
+    from commbench.collectives.broadcast_burst import zero1_bursts
+    burst_s = {}
+    for s, coll in zero1_bursts(comm_ops).items():
+        c = next(c for c in comm_ops if c.stage == s and c.axis == "dp" and c.collective == "broadcast")
+        t = times.burst(coll.pieces, c.group_size, c.num_nodes, c.dtype, bound)
+        if t is not None:
+            burst_s[s] = t
+            stages[s].dp_step_s += t
     for c in comm_ops:
         if c.axis == "dp" and c.phase == "step":
+            if c.stage in burst_s and c.collective == "broadcast" and c.root >= 0:
+                continue
             stages[c.stage].dp_step_s += times.comm_op(c, bound) * c.count
 
 

@@ -85,6 +85,26 @@ def plan_cases(workload, par, hosts, isolated=False):
         send, recv = coll.counts(c.nbytes, layout.group_size, itemsize)
         nbytes = coll.size_bytes(send, recv, itemsize, layout.group_size)
         out.append((layout, (coll, dtype, "sum" if coll.has_redop else None, False, nbytes, send, recv)))
+    return out + _burst_cases(workload, par, hosts, isolated)
+
+
+def _burst_cases(workload, par, hosts, isolated):
+    """ZeRO-1's parameter broadcasts of each stage as one burst (issued together,
+    waited for together: collectives.broadcast_burst), on that stage's dp
+    groups (every one at once, or the first with isolated); ranks of other
+    stages idle."""
+    from commbench.collectives.broadcast_burst import zero1_bursts
+    node = {h: i for i, h in enumerate(dict.fromkeys(hosts))}
+    dtype = PLAN_DTYPES[par.dtype]
+    out = []
+    for stage, coll in sorted(zero1_bursts(workload.comm_ops).items()):
+        gs = [g for g in par.groups["dp"] if par.coords(g[0])[0] == stage]
+        gs = gs[:1] if isolated else gs
+        layout = groups.Layout(axis="dp", groups=tuple(tuple(g) for g in gs),
+                               num_nodes=max(len({node[hosts[r]] for r in g}) for g in gs))
+        itemsize = DTYPES[dtype].itemsize
+        send, recv = coll.counts(0, layout.group_size, itemsize)
+        out.append((layout, (coll, dtype, None, False, recv * itemsize, send, recv)))
     return out
 
 
@@ -96,6 +116,8 @@ def case_of(backend, config, layout, coll, dtype, redop, in_place, nbytes, send,
         params["redop"] = redop
     if coll.has_root:
         params["root"] = config.root
+    if hasattr(coll, "case_params"):
+        params.update(coll.case_params())
     return Case(kind="collective", op=coll.name, backend=backend.name, device=config.device, dtype=dtype,
                 nbytes=nbytes, group_size=layout.group_size, num_nodes=layout.num_nodes, axis=layout.axis,
                 in_place=case_in_place, concurrent_groups=len(layout.groups), params=params)

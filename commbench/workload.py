@@ -24,6 +24,7 @@ class CommOp:
     stage: int = 0           # pipeline stage whose ranks issue it
     peer: int = -1           # send_recv: the other stage; -1 otherwise
     direction: str = ""      # send_recv: send | recv (seen from `stage`)
+    root: int = -1           # broadcast: the group rank it comes from; -1 otherwise
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -1,6 +1,8 @@
 """Composition on synthetic workloads and time tables with hand-computed answers:
 pure DP, TP on the critical path, the 1F1B bubble, DP buckets hidden and
 exposed, ZeRO-3 gathers gating compute; the band, FLOPs and throughput."""
+from dataclasses import replace
+
 import pytest
 
 from commbench import predict
@@ -240,6 +242,32 @@ def test_zero1_parameter_broadcasts_in_series_per_step():
     sb = predict.predict(workload(par, layer_ops(1) + [adam()], comm), par, t)
     assert sb.step_time_s == pytest.approx(3 + 0.25 + 0.5 + 3 * 0.03 + 2 * 0.02)
     assert sb.breakdown["dp_exposed_s"] == pytest.approx(0.25 + 3 * 0.03 + 2 * 0.02)
+
+
+def test_zero1_broadcasts_measured_as_one_burst_replace_their_series():
+    """Where the step's broadcasts were measured issued together (run --plan's
+    broadcast_burst), that one time replaces their sum; other step-phase DP
+    collectives still add up."""
+    par = Parallelism(world=2, gpus_per_node=2, zero=1)
+    comm = [dp_op("b1", 100), replace(dp_op("p", 1000, coll="broadcast", count=3, phase="step"), root=0),
+            replace(dp_op("q", 500, coll="broadcast", count=2, phase="step"), root=1)]
+    asked = []
+
+    class BurstTimes(TableTimes):
+        def burst(self, pieces, group_size, num_nodes, dtype, bound):
+            asked.append((tuple(pieces), group_size, num_nodes))
+            return self._at(self.table_comm["burst"], bound)
+    compute = {"layer fwd": 1.0, "layer bwd": 2.0, "adam": 0.5}
+    t = BurstTimes(compute, {"b1": 0.25, "p": 0.03, "q": 0.02, "burst": (0.1, 0.2, 0.4)})
+    sb = predict.predict(workload(par, layer_ops(1) + [adam()], comm), par, t)
+    assert asked[0] == (((0, 1000),) * 3 + ((1, 500),) * 2, 2, 1)
+    assert sb.step_time_s == pytest.approx(3 + 0.25 + 0.5 + 0.2)
+    assert sb.breakdown["dp_exposed_s"] == pytest.approx(0.25 + 0.2)
+    assert (sb.step_time_low_s, sb.step_time_high_s) == pytest.approx((3.85, 4.15))
+    # not measured as a burst: the series, as before
+    t = BurstTimes(compute, {"b1": 0.25, "p": 0.03, "q": 0.02, "burst": None})
+    sb = predict.predict(workload(par, layer_ops(1) + [adam()], comm), par, t)
+    assert sb.step_time_s == pytest.approx(3 + 0.25 + 0.5 + 3 * 0.03 + 2 * 0.02)
 
 
 def test_spec_predictions_over_a_grid_of_plans():

@@ -4,7 +4,7 @@ import json
 
 from commbench import models, plan as plan_mod, results
 from commbench.parallel import Parallelism
-from conftest import FAST, commbench, mpiexec
+from conftest import FAST, clean_env, commbench, mpiexec
 
 
 def test_plan_json_is_the_workload():
@@ -71,3 +71,54 @@ def test_run_plan_isolated_runs_one_group_of_each_axis(tmp_path):
     assert rf.measurements and all(m.case.concurrent_groups == 1 and m.num_wrong == 0 for m in rf.measurements)
     assert {m.case.axis for m in rf.measurements} == {"dp", "tp"}
     assert rf.header["settings"]["isolated"] is True
+
+
+def _burst(rf):
+    (m,) = [m for m in rf.measurements if m.case.op == "broadcast_burst"]
+    return m
+
+
+def test_run_plan_zero1_measures_its_broadcasts_as_one_burst(tmp_path):
+    """ZeroRedundancyOptimizer publishes every parameter with its own async
+    broadcast from its owner and waits for all: run --plan times them issued
+    together, one piece of one buffer each, checked element by element, and
+    predict takes that time for the step's broadcasts."""
+    from commbench.commmodel import CommModel
+    from commbench.strategies.zero import zero_broadcasts
+    out = tmp_path / "z1.jsonl"
+    p = commbench("run", "--nprocs", "2", "--model", "tiny-gpt", "--zero", "1", "--global-batch", "4",
+                  "-d", "fp32", *FAST, "--out", out, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    rf = results.load(str(out))
+    m = _burst(rf)
+    model, par = models.get("tiny-gpt"), Parallelism(world=2, gpus_per_node=2, zero=1, global_batch=4, dtype="fp32")
+    pieces = zero_broadcasts(model, par)
+    assert m.status == "ok" and m.num_wrong == 0 and m.case.backend == "torch-gloo"
+    assert m.case.nbytes == sum(b for _, b in pieces) == 4 * model.num_params
+    assert m.case.params["broadcasts"] == len(pieces) == 68 and m.case.params["roots"] == [0, 1]
+    assert m.case.axis == "dp" and m.case.group_size == 2 and len(m.samples_s) == 5
+    est = CommModel.from_results(rf).burst(m.case.nbytes, len(pieces), 2, 1, "fp32")
+    assert est.time_s == m.stats["time_p50_s"] and est.source == "measured"
+    # one wrong element on the rank that owns the first piece is seen on both ranks
+    bad = commbench("run", "--nprocs", "2", "--model", "tiny-gpt", "--zero", "1", "--global-batch", "4",
+                    "-d", "fp32", *FAST, "--out", tmp_path / "bad.jsonl", cwd=tmp_path,
+                    env=clean_env(COMMBENCH_INJECT_CORRUPTION=str(pieces[0][0])))
+    assert bad.returncode != 0
+    assert _burst(results.load(str(tmp_path / "bad.jsonl"))).wrong_ranks == [0, 1]
+
+
+def test_run_plan_bursts_per_pipeline_stage_over_mpi(tmp_path):
+    """With pp = 2 each stage's dp groups run their own stage's burst (MPI Ibcast + Waitall)."""
+    from commbench.strategies.zero import zero_broadcasts
+    out = tmp_path / "z1pp.jsonl"
+    p = commbench("run", "--backend", "mpi", "--model", "tiny-gpt", "--zero", "1", "--pp", "2", "--dp", "2",
+                  "--global-batch", "8", "-d", "fp32", *FAST, "--out", out, launcher=mpiexec(4), cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    rf = results.load(str(out))
+    model = models.get("tiny-gpt")
+    par = Parallelism(world=4, gpus_per_node=4, zero=1, pp=2, dp=2, global_batch=8, dtype="fp32")
+    want = sorted((sum(b for _, b in zero_broadcasts(model, par, s)), len(zero_broadcasts(model, par, s)))
+                  for s in range(2))
+    bursts = [m for m in rf.measurements if m.case.op == "broadcast_burst"]
+    assert sorted((m.case.nbytes, m.case.params["broadcasts"]) for m in bursts) == want
+    assert all(m.num_wrong == 0 and m.case.concurrent_groups == 1 and m.case.backend == "mpi" for m in bursts)

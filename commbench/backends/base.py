@@ -70,6 +70,7 @@ class Backend:
     def all_gather(self, g, send, recv, in_place): raise Unsupported("all_gather")
     def reduce_scatter(self, g, send, recv, redop, in_place): raise Unsupported("reduce_scatter")
     def broadcast(self, g, buf, root): raise Unsupported("broadcast")
+    def broadcast_burst(self, g, buf, spans): raise Unsupported("broadcast_burst")
     def reduce(self, g, send, recv, redop, root, in_place): raise Unsupported("reduce")
     def all_to_all(self, g, send, recv, in_place): raise Unsupported("all_to_all")
     def send(self, g, buf, peer): raise Unsupported("send")

@@ -84,6 +84,18 @@ class CupyNcclBackend(Backend):
         c, b, n, t, st = g.handle, buf.data.ptr, buf.size, self._t(buf), self.stream.ptr
         return lambda: c.broadcast(b, b, n, t, root, st)
 
+    def broadcast_burst(self, g, buf, spans):
+        """Every (start, stop, root) piece of buf broadcast, enqueued one after
+        another on the stream (as torch's async broadcasts on NCCL's stream); the
+        timer's events wait for all."""
+        c, t, st = g.handle, self._t(buf), self.stream.ptr
+        pieces = [(buf[a:b].data.ptr, b - a, r) for a, b, r in spans]
+
+        def burst():
+            for p, n, r in pieces:
+                c.broadcast(p, p, n, t, r, st)
+        return burst
+
     def reduce(self, g, send, recv, redop, root, in_place):
         c, s, r, n, t, op, st = g.handle, send.data.ptr, recv.data.ptr, recv.size, self._t(recv), _NCCL_OPS[redop], self.stream.ptr
         return lambda: c.reduce(s, r, n, t, op, root, st)

@@ -143,6 +143,15 @@ class MPIBackend(Backend):
         c, b = g.handle, self._spec(buf)
         return self._sync_first(partial(c.Bcast, b, root))
 
+    def broadcast_burst(self, g, buf, spans):
+        """Every (start, stop, root) piece of buf as an Ibcast, then one Waitall."""
+        c, waitall = g.handle, self.MPI.Request.Waitall
+        pieces = [(self._spec(self.view(buf, a, b - a)), r) for a, b, r in spans]
+
+        def burst():
+            waitall([c.Ibcast(v, r) for v, r in pieces])
+        return self._sync_first(burst)
+
     def reduce(self, g, send, recv, redop, root, in_place):
         c, op = g.handle, self._redops[redop]
         s = self.MPI.IN_PLACE if in_place and g.rank == root else self._spec(send)

@@ -109,6 +109,15 @@ class TorchBackend(Backend):
     def broadcast(self, g, buf, root):
         return functools.partial(self.dist.broadcast, buf, src=self._global(g, root), group=g.handle)
 
+    def broadcast_burst(self, g, buf, spans):
+        """Every (start, stop, root) piece of buf broadcast async, then every work waited for."""
+        dist, pieces = self.dist, [(self.view(buf, a, b - a), self._global(g, r)) for a, b, r in spans]
+
+        def burst():
+            for work in [dist.broadcast(v, src=src, group=g.handle, async_op=True) for v, src in pieces]:
+                work.wait()
+        return burst
+
     def reduce(self, g, send, recv, redop, root, in_place):
         return functools.partial(self.dist.reduce, recv, dst=self._global(g, root),
                                  op=self._redops[redop], group=g.handle)

@@ -99,10 +99,10 @@ def param_bytes(par: Parallelism) -> int:
 
 def op(par: Parallelism, collective: str, axis: str, nbytes: int, count: int, phase: str,
        strategy: str, overlap: str = "none", label: str = "", dtype: str | None = None,
-       stage: int = 0, host_blocking: bool = False) -> CommOp:
+       stage: int = 0, host_blocking: bool = False, root: int = -1) -> CommOp:
     """A CommOp on one of the plan's axes, with its group size and node span."""
     size = {"dp": par.dp, "tp": par.tp, "pp": par.pp}[axis]
     return CommOp(collective=collective, axis=axis, group_size=size, num_nodes=par.axis_nodes(axis),
                   nbytes=int(nbytes), count=int(count), phase=phase, overlap=overlap,
                   dtype=dtype or par.grad_dtype, strategy=strategy, label=label, stage=stage,
-                  host_blocking=host_blocking)
+                  host_blocking=host_blocking, root=root)

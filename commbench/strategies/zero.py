@@ -101,7 +101,7 @@ def _torch_zero1(model, par, parameters_as_bucket_view):
                 runs.append([owner, nbytes, 1])
         for owner, nbytes, k in runs:
             ops.append(op(par, "broadcast", "dp", nbytes, count=k, phase="step", strategy="zero1",
-                          label=f"params from dp rank {owner}", dtype=par.dtype, stage=stage))
+                          label=f"params from dp rank {owner}", dtype=par.dtype, stage=stage, root=owner))
     return ops
 
 
