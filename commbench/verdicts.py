@@ -30,7 +30,7 @@ import numpy as np
 
 ALPHA = 0.05
 MIN_SAMPLES = 2
-JOIN_PARAMS = ("redop", "root")
+JOIN_PARAMS = ("redop", "root", "broadcasts")    # broadcasts: a broadcast_burst's number of pieces
 ROOTED = ("broadcast", "reduce")
 
 
