@@ -14,6 +14,12 @@ from dataclasses import asdict, dataclass, fields
 from commbench import mapping_file
 
 
+# bounds far beyond published models (llama3-405b: 126 layers, hidden 16384, vocab
+# 128256): a plan holds one op per layer, so a typo of 10^20 layers must stop here
+LIMITS = {"num_layers": 10_000, "hidden": 1 << 20, "heads": 1 << 16, "vocab": 1 << 24, "seq": 1 << 24,
+          "kv_heads": 1 << 16, "ffn_hidden": 1 << 22}
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
@@ -37,6 +43,10 @@ class ModelSpec:
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ValueError(f"model {self.name!r}: {f} must be a non-negative integer (0 = the default), "
                                  f"got {v!r}")
+        for f, most in LIMITS.items():
+            if getattr(self, f) > most:
+                raise ValueError(f"model {self.name!r}: {f} {getattr(self, f)} is beyond any model this tool "
+                                 f"can plan (at most {most})")
         if not isinstance(self.tied_embeddings, bool):
             raise ValueError(f"model {self.name!r}: tied_embeddings must be true or false, got "
                              f"{self.tied_embeddings!r}")

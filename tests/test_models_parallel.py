@@ -1,6 +1,8 @@
 """Model catalogue (parameter counts against published ones and a real torch
 module), Parallelism validation rules, and the Megatron rank mesh against
 hand-written layouts."""
+import json
+
 import pytest
 
 from commbench import models, torch_model
@@ -71,10 +73,13 @@ def test_user_model_files(tmp_path):
     ('"ffn_hidden": 3.5', "ffn_hidden must be a non-negative integer"),
     ('"kv_heads": "x"', "kv_heads must be a non-negative integer"),
     ('"tied_embeddings": "no"', "tied_embeddings must be true or false"),
+    ('"num_layers": 100000000000000000000000', "num_layers 100000000000000000000000 is beyond any model"),
+    ('"vocab": 16777217', "vocab 16777217 is beyond any model"),
 ])
 def test_model_file_field_types(tmp_path, extra, rule):
     bad = tmp_path / "bad.json"
-    bad.write_text('{"num_layers": 2, "hidden": 32, "heads": 4, "vocab": 100, "seq": 16, ' + extra + "}")
+    doc = json.loads('{"num_layers": 2, "hidden": 32, "heads": 4, "vocab": 100, "seq": 16, ' + extra + "}")
+    bad.write_text(json.dumps(doc))
     with pytest.raises(ValueError, match=rule):
         models.get(str(bad))
 
