@@ -394,7 +394,10 @@ def cmd_predict(a) -> int:
     from commbench import outputs
     from commbench import plan as plan_mod
     from commbench import predict, ranking, scaling
-    model, par = planflags.from_args(a)
+    from commbench import system as system_mod
+    spec = system_mod.load(a.system) if a.system else None
+    # a spec's node: its GPUs per node unless the plan says otherwise, and never another count
+    model, par = planflags.from_args(a, {"gpus_per_node": spec.gpus_per_node} if spec else None)
     counts = scaling.parse_counts(a.scale) if a.scale is not None else None
     if a.plot is not None and not counts:
         raise ValueError("--plot draws the scaling curves: give --scale too")
@@ -403,6 +406,8 @@ def cmd_predict(a) -> int:
     if a.plot is not None:
         outputs.check_plot(a.plot, a.force)
     ranking.peak_tflops(None, par.dtype, a.peak_tflops)          # a bad --peak-tflops before any loading
+    if spec:
+        system_mod.check_node(spec, par.gpus_per_node, bool(a.comm))
     times = predict.load_times(a.comm, a.compute, a.system, a.interference, a.comm_backend)
     peak = ranking.peak_tflops(times.spec, par.dtype, a.peak_tflops)
     workload = plan_mod.build(model, par)

@@ -65,6 +65,8 @@ def cmd_search(a) -> int:
     gpus_per_node = a.gpus_per_node if a.gpus_per_node is not None else (spec.gpus_per_node if spec else None)
     if gpus_per_node is None:
         raise ValueError("search needs --gpus-per-node without --system (a spec gives its own)")
+    if spec:
+        system_mod.check_node(spec, gpus_per_node, bool(a.comm))
     memory_gb = a.gpu_memory_gb if a.gpu_memory_gb is not None else (spec.gpu_memory_gb if spec else None)
     if memory_gb is None:
         raise ValueError("search needs the GPU memory: --gpu-memory-gb X (1 GB = 1e9 B), or --system SPEC "

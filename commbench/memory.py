@@ -9,7 +9,11 @@ fp32 training holds 4 + 4 + 8 (no master copy). ZeRO-1 divides the optimizer
 state by the dp size n, ZeRO-2 also the gradients, ZeRO-3 also the weights:
 (2 + 2 + 12/n), (2 + (2 + 12)/n), (2 + 2 + 12)/n bytes per parameter.
 Gradients are counted in par.grad_dtype (Megatron's fp32 main grads are
-grad_dtype="fp32").
+grad_dtype="fp32"). torch's ZeroRedundancyOptimizer (ZeRO-1, torch flavour)
+assigns whole parameters, largest first, to the least-loaded rank
+(strategies.zero.zero_partition): the busiest rank's optimizer state is its
+share, which exceeds Psi/n wherever one parameter (an embedding) is larger
+than that.
 
 Psi is the rank's share after tensor and pipeline parallelism, exactly the
 parameters strategies.common.rank_params lists: layer matrices divided by tp,
@@ -69,6 +73,16 @@ def _stage_numel(model: ModelSpec, tp: int, pp: int, stage: int) -> tuple:
     return total, block, total - block * (model.num_layers // pp)
 
 
+@lru_cache(maxsize=4096)
+def _zero1_largest_share(model: ModelSpec, tp: int, pp: int, stage: int, dp: int) -> int:
+    """The most parameter elements one rank of `stage` owns under torch's
+    ZeroRedundancyOptimizer (whole parameters, largest first, to the least
+    loaded rank)."""
+    from commbench.strategies.zero import zero_partition
+    par = Parallelism(world=tp * pp, gpus_per_node=tp, tp=tp, pp=pp)
+    return max(sum(p.numel for p in owned) for owned in zero_partition(rank_params(model, par, stage), dp))
+
+
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -80,10 +94,11 @@ def model_state_bytes(model: ModelSpec, par: Parallelism, stage: int, optimizer:
     psi, block, root = _stage_numel(model, par.tp, par.pp, stage)
     wb, gb = DTYPE_BYTES[par.dtype], DTYPE_BYTES[par.grad_dtype]
     ob = OPTIMIZER_BYTES[optimizer][0 if wb < 4 else 1]
-    shard = _ceil_div(psi, par.dp)          # ZeRO's equal flat partition (torch's ZeroRedundancyOptimizer
-    #                                         assigns whole parameters, so its largest share can exceed this)
+    shard = _ceil_div(psi, par.dp)          # ZeRO's equal flat partition
     weights, grads, opt = psi * wb, psi * gb, psi * ob
-    if par.zero >= 1:
+    if par.zero == 1 and par.zero_flavour == "torch" and par.dp > 1:
+        opt = _zero1_largest_share(model, par.tp, par.pp, stage, par.dp) * ob
+    elif par.zero >= 1:
         opt = shard * ob
     if par.zero >= 2:
         if par.pp == 1:

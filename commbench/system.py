@@ -220,6 +220,15 @@ def from_dict(d, origin: str = "<dict>") -> SystemSpec:
         raise ValueError(f"{origin}: {e}") from None
 
 
+def check_node(spec: SystemSpec, gpus_per_node: int, comm_measured: bool):
+    """A plan priced on spec's network must have spec's nodes (its intra-node
+    bandwidth holds inside one of them): ValueError otherwise. Measured
+    collectives (comm_measured) bring their own node spans."""
+    if not comm_measured and gpus_per_node != spec.gpus_per_node:
+        raise ValueError(f"--gpus-per-node {gpus_per_node} contradicts SystemSpec {spec.name} "
+                         f"({spec.gpus_per_node} GPUs per node): leave it out, or give a spec of such nodes")
+
+
 def load(path_or_name: str) -> SystemSpec:
     """A shipped spec by name (commbench/systems/NAME.json) or a JSON file by path."""
     if os.path.sep in path_or_name or path_or_name.endswith(".json") or os.path.isfile(path_or_name):

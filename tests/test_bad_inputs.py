@@ -13,6 +13,7 @@ from commbench.results import Case, Measurement, make_header
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "nccl-tests")
 PLAN = ["--model", "tiny-gpt", "--world", "2", "--gpus-per-node", "2", "--global-batch", "4", "--dtype", "fp32"]
+SPEC_PLAN = ["--model", "tiny-gpt", "--world", "4", "--global-batch", "4", "--dtype", "fp32"]   # a polaris node
 
 
 def _results(d, name="r.jsonl"):
@@ -109,15 +110,19 @@ CASES = {
     "predict-no-times": (["predict", *PLAN], None, "--comm"),
     "predict-unknown-system": (["predict", *PLAN, "--system", "summit9"], None, "summit9"),
     "predict-comm-missing": (["predict", *PLAN, "--comm", "c.jsonl", "--compute", "d.jsonl"], None, "c.jsonl"),
-    "predict-bad-scale": (["predict", *PLAN, "--system", "polaris", "--scale", "8,x"], None, "x"),
-    "predict-peak-negative": (["predict", *PLAN, "--system", "polaris", "--peak-tflops", "-1"], None, "-1"),
-    "predict-plot-without-scale": (["predict", *PLAN, "--system", "polaris", "--plot", "p.png"], None, "--scale"),
-    "predict-empty-scale": (["predict", *PLAN, "--system", "polaris", "--scale", ""], None, "empty value for scale"),
-    "predict-plot-no-such-dir": (["predict", *PLAN, "--system", "polaris", "--scale", "2,4", "--plot", "no/p.png"],
+    "predict-bad-scale": (["predict", *SPEC_PLAN, "--system", "polaris", "--scale", "8,x"], None, "x"),
+    "predict-peak-negative": (["predict", *SPEC_PLAN, "--system", "polaris", "--peak-tflops", "-1"], None, "-1"),
+    "predict-plot-without-scale": (["predict", *SPEC_PLAN, "--system", "polaris", "--plot", "p.png"], None, "--scale"),
+    "predict-empty-scale": (["predict", *SPEC_PLAN, "--system", "polaris", "--scale", ""], None, "empty value for scale"),
+    "predict-plot-no-such-dir": (["predict", *SPEC_PLAN, "--system", "polaris", "--scale", "2,4", "--plot", "no/p.png"],
                                  None, "no/p.png"),
-    "predict-peak-inf": (["predict", *PLAN, "--system", "polaris", "--peak-tflops", "inf"], None, "--peak-tflops"),
-    "predict-bucket-inf": (["predict", *PLAN, "--system", "polaris", "--bucket-mb", "inf"], None, "bucket-mb"),
-    "predict-bucket-nan": (["predict", *PLAN, "--system", "polaris", "--bucket-mb", "nan"], None, "bucket-mb"),
+    "predict-node-contradicts-spec": (["predict", *PLAN, "--system", "polaris"], None,
+                                      "--gpus-per-node 2 contradicts SystemSpec polaris (4 GPUs per node)"),
+    "search-node-contradicts-spec": (["search", "--model", "tiny-gpt", "--world", "8", "--gpus-per-node", "8",
+                                      "--system", "polaris"], None, "--gpus-per-node 8 contradicts"),
+    "predict-peak-inf": (["predict", *SPEC_PLAN, "--system", "polaris", "--peak-tflops", "inf"], None, "--peak-tflops"),
+    "predict-bucket-inf": (["predict", *SPEC_PLAN, "--system", "polaris", "--bucket-mb", "inf"], None, "bucket-mb"),
+    "predict-bucket-nan": (["predict", *SPEC_PLAN, "--system", "polaris", "--bucket-mb", "nan"], None, "bucket-mb"),
     "plan-interleave-without-pp": (["plan", *PLAN, "--interleave", "2"], None, "pipeline parallelism"),
     "search-negative-world": (["search", "--model", "tiny-gpt", "--world", "-8", "--system", "polaris"], None,
                               "world"),
@@ -155,9 +160,9 @@ CASES = {
     "compare-plot-exists": (["compare", "r.jsonl", "r.jsonl", "--plot", "p.png"], _both(_results, _file("p.png", "x")),
                             "p.png"),
     "compare-plot-no-extension": (["compare", "r.jsonl", "r.jsonl", "--plot", "p"], _results, "--plot"),
-    "predict-plot-exists": (["predict", *PLAN, "--system", "polaris", "--scale", "2,4", "--plot", "p.png"],
+    "predict-plot-exists": (["predict", *SPEC_PLAN, "--system", "polaris", "--scale", "2,4", "--plot", "p.png"],
                             _file("p.png", "x"), "p.png"),
-    "predict-strong-without-scale": (["predict", *PLAN, "--system", "polaris", "--strong"], None, "--scale"),
+    "predict-strong-without-scale": (["predict", *SPEC_PLAN, "--system", "polaris", "--strong"], None, "--scale"),
     # results files of the wrong shape
     "show-params-null": (["show", "bad.jsonl"], _bad_measurement("case.params", None), "line 2"),
     "show-stats-null": (["show", "bad.jsonl"], _bad_measurement("stats", None), "line 2"),

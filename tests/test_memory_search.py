@@ -96,7 +96,10 @@ def test_adam_state_for_each_zero_stage():
     kw = dict(world=8, gpus_per_node=8)
     shard = -(-P // 8)
     assert model_state_bytes(m, Parallelism(zero=0, **kw), 0) == (2 * P, 2 * P, 12 * P)        # 16 P, ~21 GB
-    assert model_state_bytes(m, Parallelism(zero=1, **kw), 0) == (2 * P, 2 * P, 12 * shard)
+    assert model_state_bytes(m, Parallelism(zero=1, zero_flavour="deepspeed", **kw), 0) == (2 * P, 2 * P, 12 * shard)
+    # torch's ZeroRedundancyOptimizer gives whole parameters: its busiest rank holds at least the equal share
+    w, g, opt = model_state_bytes(m, Parallelism(zero=1, **kw), 0)
+    assert (w, g) == (2 * P, 2 * P) and 12 * shard <= opt < 12 * (shard + 4 * m.hidden ** 2)
     assert model_state_bytes(m, Parallelism(zero=2, **kw), 0) == (2 * P, 2 * shard, 12 * shard)
     # ZeRO-3: everything / 8, plus FSDP2's root (embedding, positions, final norm) and two
     # blocks gathered, and one unit's unsharded gradient
@@ -109,6 +112,18 @@ def test_adam_state_for_each_zero_stage():
     assert sum(model_state_bytes(m, Parallelism(**kw), 0)) / GB == pytest.approx(16 * 1.3, rel=0.03)
     with pytest.raises(ValueError, match="lion"):
         model_state_bytes(m, Parallelism(**kw), 0, optimizer="lion")
+
+
+def test_torch_zero1_optimizer_state_is_the_busiest_ranks_whole_parameters():
+    """llama3-8b over dp 64: its untied embedding and output layer (128256 x 4096
+    = 525M elements each) are each larger than 1/64 of the 8.03B parameters, so
+    two ranks own one of them alone and hold 12 B x 525M = 6.3 GB of Adam
+    state, where an equal split would give 1.5 GB."""
+    m = models.get("llama3-8b")
+    par = Parallelism(world=64, gpus_per_node=8, zero=1, global_batch=64)
+    assert model_state_bytes(m, par, 0)[2] == 12 * 128256 * 4096
+    even = Parallelism(world=64, gpus_per_node=8, zero=1, zero_flavour="deepspeed", global_batch=64)
+    assert model_state_bytes(m, even, 0)[2] == 12 * -(-m.num_params // 64)
 
 
 def test_tp_and_pp_split_the_parameters_as_the_strategies_do():

@@ -136,3 +136,21 @@ def test_predict_mfu_is_against_the_peak_gemms_are_timed_at(capsys, dtype, peak)
     doc = json.loads(out)
     assert doc["mfu"] == pytest.approx(doc["tflops_per_gpu"] / peak, rel=1e-12)
     assert system.peak_key(dtype) == ("fp32" if peak == 19.5 else "bf16" if "b" in dtype else "fp16")
+
+
+def test_predict_on_a_spec_takes_its_nodes(capsys):
+    """Without --gpus-per-node a spec's plan has the spec's nodes (8 GPUs on a
+    DGX H100: data parallelism over 64 GPUs crosses 8 nodes, not 64)."""
+    from commbench import cli
+
+    def predict(*extra):
+        code = cli.main(["predict", "--model", "gpt3-1.3b", "--world", "64", "--global-batch", "64",
+                         "--system", "dgx-h100", "--json", *extra])
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        return json.loads(out)
+    implied, given = predict(), predict("--gpus-per-node", "8")
+    assert implied == given
+    code = cli.main(["predict", "--model", "gpt3-1.3b", "--world", "64", "--global-batch", "64", "--tp", "8",
+                     "--system", "dgx-h100", "--json"])
+    assert code == 0, capsys.readouterr().err
