@@ -125,7 +125,7 @@ def model_state_bytes(model: ModelSpec, par: Parallelism, stage: int, optimizer:
 
 # --- activations ---------------------------------------------------------------------
 def layer_activation_bytes(model: ModelSpec, seq: int, micro_batch: int, tp: int = 1, sp: bool = False,
-                           recompute: str = "none", act_bytes: int = 2) -> int:
+                           recompute: str = "none", act_bytes: int = 2, flash: bool = True) -> int:
     """Activations one transformer layer keeps for its backward, for one micro-batch,
     on one tp rank (Korthikanti et al. 2022, sec. 4.1-4.2, derived from the shapes).
 
@@ -145,8 +145,12 @@ def layer_activation_bytes(model: ModelSpec, seq: int, micro_batch: int, tp: int
     = 24 sbh, scores 5 a s^2 b: s b h (10 + 24/t + 5as/(ht)) with tp,
     s b h/t (34 + 5as/h) with tp and sp, s b h (34 + 5as/h) at t = 1 (Korthikanti eqs.
     1-3). Llama (no dropout, SwiGLU, GQA) follows from the same shapes.
-    selective recompute: the score terms are recomputed, not stored (the same saving
-    as flash attention, which never stores the s^2 scores).
+    selective recompute: the score terms are recomputed, not stored.
+    flash (the default): the attention core is one fused kernel, as the compute
+    model times it (torch's scaled_dot_product_attention: flash or memory-efficient
+    on GPUs) and as Megatron runs it with flash attention: it never stores the s^2
+    scores (nor a dropout mask: it regenerates it), so none and selective keep
+    the same; flash=False is Korthikanti's unfused attention.
     full recompute: only the layer input, sbh d (split over t with sp: the stored
     hidden states are the sequence-parallel shard); the stage adds one layer's full
     activations for the recomputation (stage_activation_bytes)."""
@@ -165,7 +169,7 @@ def layer_activation_bytes(model: ModelSpec, seq: int, micro_batch: int, tp: int
     mlp = (3 if model.gated_mlp else 2) * f_local * d
     split = tokens * ((2 * q_local + 2 * kv_local) * d + mlp)
     scores = 0
-    if recompute == "none":
+    if recompute == "none" and not flash:
         scores = b * a_local * s * s * (d + (mask + d if dropout else 0))
     return replicated + split + scores
 

@@ -10,6 +10,8 @@ from commbench.models import ModelSpec
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2}
 SCHEDULES = ("1f1b", "interleaved", "gpipe")
 RECOMPUTE = ("none", "selective", "full")
+# a pipeline is simulated micro-batch by micro-batch: far beyond real accumulation counts (thousands)
+MAX_MICROBATCHES = 100_000
 ZERO_FLAVOURS = ("torch", "deepspeed")
 MAX_WORLD = 1 << 17             # 131072 GPUs: beyond any machine built, and plans stay quick to enumerate
 
@@ -70,6 +72,10 @@ class Parallelism:
         if self.global_batch % (self.micro_batch * self.dp):
             raise ValueError(f"global batch {self.global_batch} is not a multiple of micro-batch x dp = "
                              f"{self.micro_batch} x {self.dp}")
+        if self.num_microbatches > MAX_MICROBATCHES:
+            raise ValueError(f"{self.num_microbatches} micro-batches per step (global batch {self.global_batch} / "
+                             f"(micro-batch {self.micro_batch} x dp {self.dp})) is beyond what this tool "
+                             f"simulates (at most {MAX_MICROBATCHES}): raise the micro-batch")
         for f in ("dtype", "grad_dtype"):
             v = getattr(self, f)
             if f == "grad_dtype" and v == "":
@@ -97,10 +103,10 @@ class Parallelism:
             raise ValueError("DeepSpeed's pipeline engine refuses ZeRO-2 (stage < 2 with pipeline parallelism)")
         if self.tp > self.gpus_per_node and not self.allow_tp_across_nodes:
             raise ValueError(f"tp {self.tp} spans nodes of {self.gpus_per_node} GPUs: tensor parallelism "
-                             "is meant to stay inside a node (allow it explicitly to model it anyway)")
+                             "is meant to stay inside a node (--allow-tp-across-nodes models it anyway)")
         if self.tp <= self.gpus_per_node and self.gpus_per_node % self.tp and not self.allow_tp_across_nodes:
             raise ValueError(f"tp {self.tp} does not divide gpus-per-node {self.gpus_per_node}: "
-                             "some tp groups would span two nodes")
+                             "some tp groups would span two nodes (--allow-tp-across-nodes models it anyway)")
 
     @property
     def num_microbatches(self) -> int:

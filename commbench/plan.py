@@ -61,7 +61,7 @@ def from_mapping(data: dict):
         model = models.get(m)
     elif isinstance(m, dict):
         try:
-            model = models.ModelSpec(**m)
+            model = models.ModelSpec(**{"name": "plan-model", **m})
         except TypeError as e:
             raise ValueError(f"bad plan: model: {e}") from None
     else:

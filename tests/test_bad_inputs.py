@@ -97,6 +97,10 @@ CASES = {
     "plan-file-bad-yaml": (["plan", "--plan", "p.yaml"], _file("p.yaml", "a: [1, 2\n"), "p.yaml"),
     "plan-file-unknown-field": (["plan", "--plan", "p.json"], _file("p.json", '{"model": "tiny-gpt", "wrld": 2}'),
                                 "wrld"),
+    "plan-file-inline-model-bad": (["plan", "--plan", "p.json"],
+                                   _file("p.json", '{"model": {"num_layers": 2, "hidden": 30, "heads": 4, "vocab": 8, '
+                                                   '"seq": 8}, "world": 2}'),
+                                   "model 'plan-model': hidden 30 is not divisible by heads 4"),
     "plan-file-model-number": (["plan", "--plan", "p.json"], _file("p.json", '{"model": 7, "world": 2}'), "model"),
     "plan-model-file-bad-field": (["plan", "--model", "m.json", "--world", "2"],
                                   _file("m.json", '{"arch": "gpt", "layerz": 2}'), "layerz"),

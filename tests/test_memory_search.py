@@ -22,7 +22,7 @@ def test_gpt_layer_reproduces_korthikanti_constants(b):
     h, a = m.hidden, m.heads
     sbh = s * b * h
     scores = 5 * a * s * s * b                     # 5as/h x sbh
-    act = lambda t, sp, rc: layer_activation_bytes(m, s, b, t, sp, rc, 2)   # noqa: E731
+    act = lambda t, sp, rc: layer_activation_bytes(m, s, b, t, sp, rc, 2, flash=False)   # noqa: E731
     assert act(1, False, "none") == 34 * sbh + scores                              # sbh(34 + 5as/h)
     assert act(8, False, "none") == 10 * sbh + 24 * sbh // 8 + scores // 8         # sbh(10 + 24/t + 5as/(ht))
     assert act(8, True, "none") == (34 * sbh + scores) // 8                        # sbh/t (34 + 5as/h)
@@ -39,11 +39,15 @@ def test_gpt_with_4h_in_another_shape_and_fp32():
     m = models.get("gpt3-13b")      # h 5120, a 40, 4h MLP
     s, b, t, h, a = 2048, 2, 4, m.hidden, m.heads
     sbh = s * b * h
-    assert layer_activation_bytes(m, s, b, t, False, "none", 2) == 10 * sbh + 24 * sbh // t + 5 * a * s * s * b // t
+    assert layer_activation_bytes(m, s, b, t, False, "none", 2, flash=False) == (
+        10 * sbh + 24 * sbh // t + 5 * a * s * s * b // t)
     # fp32 activations: every 2-byte tensor doubles, the 1-byte masks do not: replicated
     # 2 norm inputs 8 + qkv input 4 + mlp input 4 + 2 masks = 18 sbh; split 24 -> 48 sbh/t;
     # scores softmax 4 + mask 1 + dropout output 4 = 9 a s^2 b / t
-    assert layer_activation_bytes(m, s, b, t, False, "none", 4) == 18 * sbh + 48 * sbh // t + 9 * a * s * s * b // t
+    assert layer_activation_bytes(m, s, b, t, False, "none", 4, flash=False) == (
+        18 * sbh + 48 * sbh // t + 9 * a * s * s * b // t)
+    # attention as one fused kernel (the default, as the compute model times it): no s^2 terms
+    assert layer_activation_bytes(m, s, b, t, False, "none", 4) == 18 * sbh + 48 * sbh // t
 
 
 def test_llama_layer_is_derived_from_its_shapes():
@@ -55,7 +59,8 @@ def test_llama_layer_is_derived_from_its_shapes():
                + tok * (h // t + kv // t) * 2 * 2    # Q, K and V, output-projection input
                + tok * 3 * (f // t) * 2              # gate + up outputs, down input
                + (a // t) * s * s * b * 2)           # softmax output (no dropout)
-    assert layer_activation_bytes(m, s, b, t, False, "none", 2) == by_hand
+    assert layer_activation_bytes(m, s, b, t, False, "none", 2, flash=False) == by_hand
+    assert layer_activation_bytes(m, s, b, t, False, "none", 2) == by_hand - (a // t) * s * s * b * 2
     # GQA with tp = kv heads: each rank keeps one kv head
     tiny = models.get("tiny-llama")                  # 4 heads, 2 kv heads, head dim 16
     one = layer_activation_bytes(tiny, 64, 1, 2, False, "selective", 2)
@@ -87,6 +92,8 @@ def test_stage_activations_follow_the_schedule():
     full = replace(par, recompute="full")
     one_full = layer_activation_bytes(m, s, 1, 8, True, "none", 2)
     assert memory.stage_activation_bytes(m, full, 0) == 96 * 2 * sbh // 8 + one_full + 16 * sbh // 8
+    # the attention core is a fused kernel: no recompute keeps what selective keeps (no s^2 scores)
+    assert memory.stage_activation_bytes(m, replace(par, recompute="none"), 0) == 96 * per + 16 * sbh // 8
 
 
 # --- model states: ZeRO paper, mixed-precision Adam 2 + 2 + 12 B/param --------------------------
@@ -167,8 +174,14 @@ def test_gpt3_175b_on_80gb_gpus():
     assert fits(est, 80 * GB) and est.stage == 0
     # ~1.46e9 params x 16 B = 23.4 GB + 96 layers x 34 sbh/8 = 10.3 GB
     assert est.total / GB == pytest.approx(33.7, abs=0.1)
+    # without sp and recompute: 96 layers x (10 + 24/8) sbh (the fused attention keeps no
+    # s x s scores) + 16 embedding dropout masks sbh = 31.8 GB of activations: it fits, and
+    # four sequences per micro-batch do not
     no_recompute = replace(megatron, sp=False, recompute="none")
-    assert not fits(memory_per_gpu(GPT175, no_recompute), 80 * GB)      # 56 GB of activations
+    sbh = 2048 * 12288
+    assert memory_per_gpu(GPT175, no_recompute).activations == 96 * 13 * sbh + 16 * sbh
+    assert fits(memory_per_gpu(GPT175, no_recompute), 80 * GB)
+    assert not fits(memory_per_gpu(GPT175, replace(no_recompute, micro_batch=4)), 80 * GB)
 
 
 def test_search_filters_by_memory():
@@ -176,7 +189,7 @@ def test_search_filters_by_memory():
     ranked = {search.describe(r.parallelism) for r in res.plans}
     dropped = {search.describe(d.parallelism) for d in res.too_big}
     assert "tp=8 pp=16 dp=8 zero=1 sp=1 mb=1 m=192 recompute=selective" in ranked
-    assert "tp=8 pp=16 dp=8 zero=0 sp=0 mb=1 m=192 recompute=none" in dropped
+    assert "tp=8 pp=16 dp=8 zero=0 sp=0 mb=4 m=48 recompute=none" in dropped
     assert all(not fits(d.memory, 80 * GB) and "usable" in d.reason for d in res.too_big)
     assert all(fits(r.memory, 80 * GB) for r in res.plans)
     assert res.num_too_big == len(res.too_big) > 0 and res.num_ranked == len(res.plans) > 0

@@ -109,6 +109,8 @@ def test_model_file_field_types(tmp_path, extra, rule):
     (dict(world=8, bucket_mb="x"), "bucket-mb must be a positive finite"),
     (dict(world=8, zero=3, zero_flavour="deepspeed"), "ZeRO-3 is modelled as FSDP2"),
     (dict(world=8, pp=2, zero=2, zero_flavour="deepspeed"), "refuses ZeRO-2"),
+    (dict(world=8, gpus_per_node=4, tp=8), "--allow-tp-across-nodes models it anyway"),
+    (dict(world=1, global_batch=100_001), "100001 micro-batches per step .* beyond what this tool simulates"),
 ])
 def test_every_validation_rule_names_itself(kwargs, rule):
     with pytest.raises(ValueError, match=rule):
