@@ -195,10 +195,13 @@ class StageTimes:
     pp_step_s: float = 0.0       # once-per-step pp-axis collectives (tied embeddings)
     dp_step_s: float = 0.0       # once-per-step DP collectives (ZeRO-1 parameters)
     optimizer_s: float = 0.0
+    recompute_s: float = 0.0     # the part of bwd_s that is recomputed forwards
+    tp_recompute_s: float = 0.0  # the part of tp_bwd_s that is their TP collectives
 
 
 # module-level scopes and the kernel-level scopes they stand in for
 MODULE_SCOPES = {"layer_module": "layer", "head_module": "head"}
+# the recomputed forwards timed as modules: counted wherever layers are (modules or the whole stage)
 STAGE_COVERS = ("layer", "layer_module", "embedding", "head", "head_module")
 
 
@@ -220,6 +223,8 @@ def granularity(ops, times: Times, stage: int | None = None) -> list:
     for module_scope, kernel_scope in MODULE_SCOPES.items():
         mods = [op for op in ops if op.scope == module_scope]
         skip.add(kernel_scope if mods and all(times.measured(op) for op in mods) else module_scope)
+    if "layer_module" in skip:
+        skip.add("recompute_module")       # the layer kernels carry their own recomputed forwards
     return [op for op in ops if op.scope not in skip]
 
 
@@ -249,13 +254,18 @@ def framework_overhead(ops, times: Times, stage: int, bound: str):
 
 
 def tp_in_place(ops, times: Times, stage: int, bound: str):
-    """Seconds of one micro-batch's forward and backward of the stage with its
-    tensor parallelism, timed in place over the rank's TP group
-    (compute/tp_stage.py); None where not measured."""
+    """(seconds, with recompute) of one micro-batch's forward and backward of the
+    stage with its tensor parallelism, timed in place over the rank's TP group
+    (compute/tp_stage.py): the plan's own, or where only that was measured, the
+    same without recompute (with recompute False: its recomputed forwards are
+    not in it); None where neither was measured."""
+    from commbench.compute.ops import without_recompute
     mine = [op for op in ops if op.scope == "tp_stage" and op.stage == stage]
-    if not mine or not all(times.measured(op) for op in mine):
-        return None
-    return sum(times.slowest_rank(op, bound) for op in mine) / len(mine)
+    for ops_, exact in ((mine, True), ([without_recompute(op) for op in mine], False)):
+        if ops_ and all(times.measured(op) for op in ops_):
+            plain = all(dict(op.params).get("recompute", "none") == "none" for op in mine)
+            return sum(times.slowest_rank(op, bound) for op in ops_) / len(ops_), exact or plain
+    return None
 
 
 def _stage_compute(workload_ops, par, times: Times, bound: str) -> list:
@@ -267,7 +277,9 @@ def _stage_compute(workload_ops, par, times: Times, bound: str) -> list:
             t = times.compute(op, bound)
             # the part of the stage that interleaving splits into chunks: its layers
             # (a whole-stage module is split evenly)
-            layered = op.scope in ("layer", "layer_module", "stage_module")
+            layered = op.scope in ("layer", "layer_module", "stage_module", "recompute_module")
+            if op.name.endswith("(recompute)") or op.scope == "recompute_module":
+                st.recompute_s += t * op.count / m
             if op.phase == "step":
                 st.optimizer_s += t * op.count
             elif op.phase == "fwd":
@@ -293,6 +305,8 @@ def _stage_comm(stages: list, comm_ops, par, times: Times, bound: str):
                 st.tp_fwd_s += t * c.count / m
             else:
                 st.tp_bwd_s += t * c.count / m
+                if c.label.endswith("(recompute)"):
+                    st.tp_recompute_s += t * c.count / m
         elif c.axis == "pp" and c.phase == "step":
             st.pp_step_s += times.comm_op(c, bound) * c.count
     # once-per-step DP collectives (ZeRO-1's parameter broadcasts or all-gather):
@@ -318,15 +332,19 @@ def _stage_comm(stages: list, comm_ops, par, times: Times, bound: str):
             stages[c.stage].dp_step_s += times.comm_op(c, bound) * c.count
 
 
-def _apply_tp_in_place(st: StageTimes, whole: float):
+def _apply_tp_in_place(st: StageTimes, whole: float, with_recompute: bool = True):
     """A micro-batch timed with its TP in place replaces the stage's compute +
     TP collectives: its excess over the compute is the TP time (at least 0),
-    split over forward and backward as the collectives' own timings split it."""
-    compute = st.fwd_s + st.bwd_s
-    comm = st.tp_fwd_s + st.tp_bwd_s
+    split over forward and backward as the collectives' own timings split it.
+    Timed without the plan's recompute (with_recompute False), the excess is
+    taken over the compute less the recomputed forwards, whose own TP
+    collectives then come on top."""
+    extra, extra_tp = (0.0, 0.0) if with_recompute else (st.recompute_s, st.tp_recompute_s)
+    compute = st.fwd_s + st.bwd_s - extra
+    comm = st.tp_fwd_s + st.tp_bwd_s - extra_tp
     fwd_share = st.tp_fwd_s / comm if comm > 0 else (st.fwd_s / compute if compute > 0 else 0.5)
     tp = max(0.0, whole - compute)
-    st.tp_fwd_s, st.tp_bwd_s = tp * fwd_share, tp * (1.0 - fwd_share)
+    st.tp_fwd_s, st.tp_bwd_s = tp * fwd_share, tp * (1.0 - fwd_share) + extra_tp
 
 
 def _apply_framework(st: StageTimes, over: tuple, m: int):
@@ -346,11 +364,14 @@ def stage_times(workload_ops, comm_ops, par, times: Times, bound: str) -> list:
     out = _stage_compute(workload_ops, par, times, bound)
     _stage_comm(out, comm_ops, par, times, bound)
     for s, st in enumerate(out):
-        whole = tp_in_place(workload_ops, times, s, bound)
-        if whole is not None:
-            _apply_tp_in_place(st, whole)
+        found = tp_in_place(workload_ops, times, s, bound)
+        if found is not None:
+            whole, exact = found
+            _apply_tp_in_place(st, whole, exact)
             times.notes.setdefault(("tp in place", s), f"stage {s}: a micro-batch with its tensor parallelism timed "
-                                   f"in place ({whole * 1e3:.3f} ms): TP time = that less the stage's compute")
+                                   f"in place ({whole * 1e3:.3f} ms{'' if exact else ', without recompute'}): "
+                                   f"TP time = that less the stage's compute"
+                                   f"{'' if exact else ' without its recomputed forwards, plus their TP collectives'}")
         over = framework_overhead(workload_ops, times, s, bound)
         if over is not None:
             _apply_framework(st, over, m)
@@ -642,7 +663,10 @@ class MeasuredTimes(Times):
         return self.comm_model is not None or bool(self.compute_files)
 
     def bind(self, ops):
+        from commbench.compute.ops import without_recompute
         from commbench.compute.runner import match
+        # a TP-in-place micro-batch may stand in without recompute (tp_in_place)
+        ops = list(ops) + [without_recompute(op) for op in ops if op.scope == "tp_stage"]
         self.matched = match(ops, self.compute_files, self.device) if self.compute_files else {}
         return self
 

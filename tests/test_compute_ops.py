@@ -123,14 +123,33 @@ def test_model_flops_are_megatrons_with_a_vocabulary_tp_does_not_divide(tp):
     assert model_flops(plan.build(m, par), par) == pytest.approx(megatron, rel=1e-12)
 
 
-def test_tp_in_place_op_counts_the_recomputed_forward():
+def test_tp_in_place_op_is_sized_without_recompute_and_has_a_twin_without_it():
+    """The in-place op of a plan with recompute runs it (params.recompute) but is
+    sized as the work without it, so the same plan without recompute gives its
+    twin (ops.without_recompute), which the predictor may take in its place."""
+    from commbench.compute.ops import without_recompute
     llama = models.get("tiny-llama")
     par = Parallelism(world=2, gpus_per_node=2, tp=2, global_batch=4, recompute="full")
     ops = compute_ops(llama, par)
     whole = next(o for o in ops if o.scope == "tp_stage")
-    kernels = sum(o.flops * o.count for o in ops if o.scope in ("layer", "embedding", "head"))
-    assert any(o.name.endswith("(recompute)") for o in ops)
+    kernels = sum(o.flops * o.count for o in ops if o.scope in ("layer", "embedding", "head")
+                  and not o.name.endswith("(recompute)"))
+    assert any(o.name.endswith("(recompute)") for o in ops) and dict(whole.params)["recompute"] == "full"
     assert whole.flops * whole.count == pytest.approx(kernels, rel=1e-12)
+    plain = next(o for o in compute_ops(llama, Parallelism(world=2, gpus_per_node=2, tp=2, global_batch=4))
+                 if o.scope == "tp_stage")
+    assert without_recompute(whole) == plain
+
+
+def test_recomputed_forwards_sit_on_top_of_the_modules():
+    """Every recompute mode times the whole stage (without recompute) and adds
+    its recomputed forwards as their own ops: the layer forward module (full),
+    the attention core (selective)."""
+    for rc, extra in (("full", "layer fwd (module, recompute)"), ("selective", "attention fwd (recompute)")):
+        ops = compute_ops(GPT, Parallelism(world=1, micro_batch=1, recompute=rc))
+        assert {o.scope for o in ops if o.scope == "stage_module"} == {"stage_module"}
+        (redo,) = [o for o in ops if o.scope == "recompute_module"]
+        assert redo.name == extra and redo.phase == "bwd"
 
 
 def test_recompute_adds_forward_work():

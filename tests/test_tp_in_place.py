@@ -75,6 +75,35 @@ def test_measured_micro_batch_replaces_compute_and_tp_collectives():
     assert sb3.step_time_s == pytest.approx(2 * 9 + 2 + 1)
 
 
+def test_measured_without_recompute_stands_in_for_a_plan_with_it():
+    """Only the plan without recompute was timed in place: a plan with full
+    recompute is that micro-batch plus its recomputed forward (3 per
+    micro-batch) and that forward's TP collectives (0.5), never less than
+    without recompute. m = 2, forward 3, backward 6 + 3 recomputed; collectives
+    per micro-batch 1 forward, 0.5 backward, 0.5 recomputed; in place 13.5 (TP 4.5)."""
+    par = Parallelism(world=2, gpus_per_node=2, tp=2, global_batch=2, recompute="full")
+    place = ComputeOp("in place", "other", count=2, phase="fwd+bwd", impl="tp_microbatch", stage=0,
+                      scope="tp_stage", params=(("recompute", "full"), ("tp", 2)))
+    redo = ComputeOp("layer fwd (recompute)", "gemm", count=2, phase="bwd", stage=-1)
+    comm = TP_COMM + [CommOp("all_reduce", "tp", 2, 1, 64, 2 * 2, "bwd", label="tp fwd (recompute)")]
+    times = {"tp fwd": 0.5, "tp bwd": 0.25, "tp fwd (recompute)": 0.25, "tp once": 2.0}
+
+    class NoneOnly(MeasuredTable):
+        def measured(self, op):
+            return super().measured(op) and dict(op.params).get("recompute") != "full"
+    table = {"layer fwd": 3.0, "layer bwd": 6.0, "layer fwd (recompute)": 3.0, "adam": 1.0, "in place": 13.5}
+    w = workload(par, layer_ops(2) + [redo, adam(), place], comm)
+    sb = predict.predict(w, par, NoneOnly(table, times))
+    # per micro-batch: compute 3 + 9, TP (13.5 - 9) + 0.5; once per step: TP 2, Adam 1
+    assert sb.breakdown["compute_s"] == pytest.approx(2 * 12)
+    assert sb.breakdown["tp_exposed_s"] == pytest.approx(2 * 5 + 2)
+    assert sb.step_time_s == pytest.approx(2 * 17 + 2 + 1)
+    assert any("without recompute" in n for n in sb.notes)
+    # the plan's own measurement, where there is one, is used as it is
+    sb = predict.predict(w, par, MeasuredTable(dict(table, **{"in place": 20.0}), times))
+    assert sb.step_time_s == pytest.approx(2 * 20 + 2 + 1)
+
+
 def test_pipeline_stages_each_take_their_own():
     # 1F1B over 2 stages, m = 2: stage micro-batches 3 + 6 compute; stage 0
     # timed in place 12 (TP 3), stage 1 15 (TP 6); no tp collectives given

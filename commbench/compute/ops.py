@@ -290,28 +290,34 @@ def module_ops(model: ModelSpec, par: Parallelism, count_layers: int, count_head
                       par.dtype),
            _module_op("layer bwd (module)", "layer_bwd", layer, "bwd", count_layers, "layer_module", -1, common,
                       par.dtype)]
+    # the recomputed forwards, on top of the modules (with or without the whole stage)
     if par.recompute == "full":
-        ops.append(replace(ops[0], name="layer fwd (module, recompute)", phase="bwd"))
+        ops.append(replace(ops[0], name="layer fwd (module, recompute)", phase="bwd", scope="recompute_module"))
     elif par.recompute == "selective":
         att = next(op for op in attention_ops(model, par, count_layers) if op.name == "attention fwd (recompute)")
-        ops.append(replace(att, scope="layer_module"))
+        ops.append(replace(att, scope="recompute_module"))
     head = head_ops(model, par, 1)
     hp = dict(common, vocab=-(-model.vocab // par.tp))
     ops += [_module_op("head fwd (module)", "head_fwd", head, "fwd", count_head, "head_module", par.pp - 1, hp,
                        par.dtype),
             _module_op("head bwd (module)", "head_bwd", head, "bwd", count_head, "head_module", par.pp - 1, hp,
                        par.dtype)]
-    if par.recompute == "none":
-        # the whole stage as the step calls it, one micro-batch: what the kernel
-        # and layer sums leave out between modules is in it too (with recompute,
-        # the layer-level ops carry the recomputed forwards instead)
-        for stage in range(par.pp):
-            sp, work = _stage_shape(model, par, stage), _stage_work(model, par, stage, layer)
-            for phase in ("fwd", "bwd"):
-                op = _module_op(f"stage {stage} {phase} (module)", f"stage_{phase}", work, phase, count_head,
-                                "stage_module", stage, sp, par.dtype)
-                ops.append(op)
+    # the whole stage as the step calls it, one micro-batch, without recompute:
+    # what the kernel and layer sums leave out between modules is in it too
+    for stage in range(par.pp):
+        sp, work = _stage_shape(model, par, stage), _stage_work(model, par, stage, layer)
+        for phase in ("fwd", "bwd"):
+            op = _module_op(f"stage {stage} {phase} (module)", f"stage_{phase}", work, phase, count_head,
+                            "stage_module", stage, sp, par.dtype)
+            ops.append(op)
     return ops
+
+
+def without_recompute(op):
+    """The same stage micro-batch timed with TP in place (scope 'tp_stage') but
+    without recompute: a plan with recompute is predicted from it plus its
+    recomputed forwards where only that was measured (predict.tp_in_place)."""
+    return replace(op, params=tuple(sorted(dict(op.params, recompute="none").items())))
 
 
 def framework_ops(model: ModelSpec, par: Parallelism) -> list:
@@ -358,7 +364,7 @@ def tp_stage_ops(model: ModelSpec, par: Parallelism, flavour: str) -> list:
     implementation cannot run the plan (strategies.tp.implementation_limit)."""
     if par.tp == 1 or tp.implementation_limit(model, par, flavour):
         return []
-    layer = layer_ops(model, par, 1)          # with recompute, its recomputed forward too
+    layer = layer_ops(model, replace(par, recompute="none"), 1)   # its size: the work without recompute
     spec = json.dumps(asdict(model), sort_keys=True)      # the implementation builds the real model
     ops = []
     for stage in range(par.pp):
