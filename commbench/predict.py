@@ -232,8 +232,18 @@ def framework_overhead(ops, times: Times, stage: int, bound: str):
     """(seconds per step over the micro-batches, seconds per optimizer step) that
     the data-parallel framework adds on one of the stage's ranks: its wrapped
     timings less the bare ones (compute/framework.py), each at least 0; None
-    where they were not all measured (a SystemSpec has no framework cost)."""
+    where they were not all measured (a SystemSpec has no framework cost). An
+    FSDP micro-batch measured only with the other resharding stands in (noted):
+    ZeRO-2 and ZeRO-3 are priced alike from one plan's measurements."""
+    from commbench.compute.ops import framework_stand_in
     mine = [op for op in ops if op.scope == "framework" and op.stage == stage]
+    for i, op in enumerate(mine):
+        other = framework_stand_in(op)
+        if not times.measured(op) and other is not None and times.measured(other):
+            mine[i] = other
+            times.notes.setdefault(("framework stand-in", stage), f"stage {stage}: the FSDP micro-batch measured "
+                                   f"with wrapper {dict(other.params)['wrapper']} stands in for "
+                                   f"{dict(op.params)['wrapper']}")
     if not mine or not all(times.measured(op) for op in mine):
         return None
 
@@ -663,10 +673,11 @@ class MeasuredTimes(Times):
         return self.comm_model is not None or bool(self.compute_files)
 
     def bind(self, ops):
-        from commbench.compute.ops import without_recompute
+        from commbench.compute.ops import framework_stand_in, without_recompute
         from commbench.compute.runner import match
         # a TP-in-place micro-batch may stand in without recompute (tp_in_place)
         ops = list(ops) + [without_recompute(op) for op in ops if op.scope == "tp_stage"]
+        ops += [o for o in (framework_stand_in(op) for op in ops) if o is not None]     # framework_overhead
         self.matched = match(ops, self.compute_files, self.device) if self.compute_files else {}
         return self
 

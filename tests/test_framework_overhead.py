@@ -133,3 +133,37 @@ def test_fsdp_micro_batch_alone_where_the_job_cannot_form_the_dp_group(tmp_path)
                               "--global-batch", "4")
     (fsdp,) = [m for m in ms if m.case.op == "dp_microbatch" and m.case.params["wrapper"] == "fsdp"]
     assert fsdp.status == "ok" and any("not a fake group of dp = 2" in w for w in fsdp.warnings)
+
+
+def test_fsdp_micro_batch_of_the_other_resharding_stands_in():
+    """ZeRO-2 priced from a ZeRO-3 job's measurements: its FSDP micro-batch
+    (no reshard) was not timed, the resharding one was and stands in, so the
+    two stages are priced alike (noted); with neither, no framework cost."""
+    par = Parallelism(world=2, gpus_per_node=2, zero=2, global_batch=2)
+    fw = [framework_op("mb", "dp_microbatch", "fsdp", 2), framework_op("bare", "dp_microbatch", "none", 2),
+          framework_op("opt", "dp_optimizer", "fsdp", 1, "step"),
+          framework_op("aopt", "dp_optimizer", "none", 1, "step")]
+    stand_in = compute_ops.framework_stand_in(fw[0])
+    assert dict(stand_in.params)["wrapper"] == "fsdp_reshard" and compute_ops.framework_stand_in(fw[1]) is None
+
+    class ByWrapper(TableTimes):
+        """Framework ops looked up by name and wrapper; the resharding one only measured."""
+        def _key(self, op):
+            return f"{op.name}/{dict(op.params).get('wrapper')}" if op.scope == "framework" else op.name
+
+        def measured(self, op):
+            return self._key(op) in self.table_compute
+
+        def compute(self, op, bound):
+            return self._at(self.table_compute[self._key(op)], bound)
+    table = {"layer fwd": 10.0, "layer bwd": 20.0, "adam": 1.0, "mb/fsdp_reshard": 36.0, "bare/none": 30.0,
+             "opt/fsdp": 2.0, "aopt/none": 1.5}
+    w = workload(par, layer_ops(2) + [adam()] + fw, [])
+    sb = predict.predict(w, par, ByWrapper(table, {}))
+    # (36 - 30) per micro-batch on top of its 30 of compute; the optimizer 1 + (2 - 1.5)
+    assert sb.breakdown["compute_s"] == pytest.approx(2 * 36)
+    assert sb.breakdown["optimizer_s"] == pytest.approx(1.5)
+    assert any("stands in for fsdp" in n for n in sb.notes)
+    del table["mb/fsdp_reshard"]
+    sb = predict.predict(w, par, ByWrapper(table, {}))
+    assert sb.breakdown["compute_s"] == pytest.approx(2 * 30) and sb.breakdown["optimizer_s"] == pytest.approx(1.0)

@@ -320,6 +320,20 @@ def without_recompute(op):
     return replace(op, params=tuple(sorted(dict(op.params, recompute="none").items())))
 
 
+# FSDP2 with and without reshard after forward: the same wrapper, one stands in for the other
+FRAMEWORK_STAND_INS = {"fsdp": "fsdp_reshard", "fsdp_reshard": "fsdp"}
+
+
+def framework_stand_in(op):
+    """The framework op (scope 'framework') of the closest other wrapper, timed
+    in another plan's measurements (ZeRO-3's FSDP micro-batch for ZeRO-2's and
+    back), or None."""
+    other = FRAMEWORK_STAND_INS.get(dict(op.params).get("wrapper"))
+    if op.scope != "framework" or other is None:
+        return None
+    return replace(op, params=tuple(sorted(dict(op.params, wrapper=other).items())))
+
+
 def framework_ops(model: ModelSpec, par: Parallelism) -> list:
     """The data-parallel framework's own work on a rank, per stage, timed on one
     rank bare and wrapped (compute/framework.py; kind 'other', scope
