@@ -196,6 +196,7 @@ class StageTimes:
     dp_step_s: float = 0.0       # once-per-step DP collectives (ZeRO-1 parameters)
     optimizer_s: float = 0.0
     recompute_s: float = 0.0     # the part of bwd_s that is recomputed forwards
+    dp_in_place: bool = False    # fwd_s + bwd_s hold FSDP's work and collectives, timed in place
     tp_recompute_s: float = 0.0  # the part of tp_bwd_s that is their TP collectives
 
 
@@ -212,7 +213,7 @@ def granularity(ops, times: Times, stage: int | None = None) -> list:
     head as modules where all of theirs were; else kernel by kernel (measured,
     or from a SystemSpec)."""
     # costs on top (framework_overhead) or in place of compute + TP (tp_in_place), not granularities
-    ops = [op for op in ops if op.scope not in ("framework", "tp_stage")]
+    ops = [op for op in ops if op.scope not in ("framework", "tp_stage", "dp_in_place")]
     if stage is not None:
         ops = [op for op in ops if op.stage in (-1, stage)]
         whole = [op for op in ops if op.scope == "stage_module"]
@@ -261,6 +262,27 @@ def framework_overhead(ops, times: Times, stage: int, bound: str):
                     wrapped += times.compute(op, bound) * op.count
         return max(0.0, wrapped - bare)
     return net("dp_microbatch"), net("dp_optimizer")
+
+
+def dp_in_place(ops, times: Times, stage: int, bound: str):
+    """Seconds of one micro-batch's forward and backward of the stage under
+    FSDP2 over the plan's dp group, its collectives in place
+    (compute/fsdp_stage.py); None where not measured."""
+    mine = [op for op in ops if op.scope == "dp_in_place" and op.stage == stage]
+    if not mine or not all(times.measured(op) for op in mine):
+        return None
+    return sum(times.slowest_rank(op, bound) for op in mine) / len(mine)
+
+
+def _apply_dp_in_place(st: StageTimes, whole: float):
+    """A micro-batch timed with FSDP in place is the stage's micro-batch: its
+    compute, FSDP's own work and its collectives (which compose then leaves
+    out), split over forward and backward as the compute splits."""
+    compute = st.fwd_s + st.bwd_s
+    f = whole / compute if compute > 0 else 1.0
+    st.fwd_s, st.bwd_s, st.layer_fwd_s, st.layer_bwd_s = (
+        st.fwd_s * f, st.bwd_s * f, st.layer_fwd_s * f, st.layer_bwd_s * f)
+    st.dp_in_place = True
 
 
 def tp_in_place(ops, times: Times, stage: int, bound: str):
@@ -383,6 +405,13 @@ def stage_times(workload_ops, comm_ops, par, times: Times, bound: str) -> list:
                                    f"TP time = that less the stage's compute"
                                    f"{'' if exact else ' without its recomputed forwards, plus their TP collectives'}")
         over = framework_overhead(workload_ops, times, s, bound)
+        fsdp = dp_in_place(workload_ops, times, s, bound)
+        if fsdp is not None:
+            _apply_dp_in_place(st, fsdp)
+            over = None if over is None else (0.0, over[1])       # its micro-batch cost is in the timing
+            times.notes.setdefault(("fsdp in place", s), f"stage {s}: a micro-batch under FSDP timed in place "
+                                   f"over the plan's dp group ({fsdp * 1e3:.3f} ms): its compute, FSDP's work and "
+                                   "its all-gathers and reduce-scatters")
         if over is not None:
             _apply_framework(st, over, m)
             times.notes.setdefault(("framework", s), f"stage {s}: the data-parallel framework's own work, measured "
@@ -599,6 +628,8 @@ def compose(workload, par, times: Times, bound: str = "mid", pipeline_cache: dic
     dp_by_stage = {}                  # stage -> its DP/ZeRO ops of the forward and backward, in order
     for c in workload.comm_ops:
         if c.axis == "dp" and c.phase in ("fwd", "bwd"):
+            if c.host_blocking and stages[c.stage].dp_in_place:
+                continue                  # FSDP's own collectives: in the micro-batch timed in place
             dp_by_stage.setdefault(c.stage, []).append(c)
     # dp_calls needs every micro-batch's intervals only for ops issued every micro-batch
     full = m > 1 and any(c.count >= m and c.count % m == 0 for ops in dp_by_stage.values() for c in ops)

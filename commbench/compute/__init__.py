@@ -5,9 +5,9 @@ when timing, as they import torch)."""
 
 def kernels() -> dict:
     """impl name -> prepare(op, device, torch dtype) -> a callable running one call."""
-    from commbench.compute import attention, elementwise, framework, gemm, modules, optimizer, tp_stage
+    from commbench.compute import attention, elementwise, framework, fsdp_stage, gemm, modules, optimizer, tp_stage
     return {**gemm.PREPARE, **attention.PREPARE, **elementwise.PREPARE, **optimizer.PREPARE, **modules.PREPARE,
-            **framework.PREPARE, **tp_stage.PREPARE}
+            **framework.PREPARE, **tp_stage.PREPARE, **fsdp_stage.PREPARE}
 
 
 class Staged:

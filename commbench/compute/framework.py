@@ -87,21 +87,26 @@ def _wrap(module, p, device, micro_batch: bool = False):
         from commbench.strategies import ddp
         return DDP(module, process_group=group, **ddp.bucket_kwargs(p["bucket_mb"]))
     if wrapper in ("fsdp", "fsdp_reshard"):
-        from torch.distributed.device_mesh import DeviceMesh
-        from torch.distributed.fsdp import MixedPrecisionPolicy
-
-        from commbench.strategies import fsdp
-        from commbench.training import TORCH_DTYPES
-        if micro_batch:
-            group = fake_group(p["dp"]) or group
-        mesh = DeviceMesh.from_group(group, torch.device(device).type)
-        mp = MixedPrecisionPolicy(param_dtype=TORCH_DTYPES[p["dtype"]], reduce_dtype=TORCH_DTYPES[p["grad_dtype"]])
-        fsdp.apply_fully_shard(module, mesh, reshard_after_forward=wrapper == "fsdp_reshard", mp_policy=mp)
-        return module
+        return fsdp_wrap(module, p, device, (fake_group(p["dp"]) if micro_batch else None) or group)
     raise ValueError(f"unknown data-parallel wrapper {wrapper!r}")
 
 
-def _param_dtype(p, dtype):
+def fsdp_wrap(module, p, device, group):
+    """module under FSDP2 as training.py shards it (fully_shard per block and
+    root, the op's mixed precision; resharding after forward for wrapper
+    fsdp_reshard) over group."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    from commbench.strategies import fsdp
+    from commbench.training import TORCH_DTYPES
+    mesh = DeviceMesh.from_group(group, torch.device(device).type)
+    mp = MixedPrecisionPolicy(param_dtype=TORCH_DTYPES[p["dtype"]], reduce_dtype=TORCH_DTYPES[p["grad_dtype"]])
+    fsdp.apply_fully_shard(module, mesh, reshard_after_forward=p["wrapper"] == "fsdp_reshard", mp_policy=mp)
+    return module
+
+
+def param_dtype(p, dtype):
     """Parameters as training.py stores them: the wider of the compute and
     gradient dtypes (bare: the compute dtype)."""
     from commbench.training import TORCH_DTYPES
@@ -109,7 +114,7 @@ def _param_dtype(p, dtype):
     return g if g.itemsize > dtype.itemsize else dtype
 
 
-def _microbatch_call(module, inputs, grad_out):
+def microbatch_call(module, inputs, grad_out):
     def call():
         out = module(*inputs)
         if out.dim() == 0:
@@ -124,10 +129,10 @@ def prepare_microbatch(op, device, dtype):
     p = dict(op.params)
     module, inputs = modules.build(op, device, dtype)
     if p["wrapper"] != "none":
-        module = _wrap(module.to(_param_dtype(p, dtype)), p, device, micro_batch=True)
+        module = _wrap(module.to(param_dtype(p, dtype)), p, device, micro_batch=True)
     out = module(*inputs)
     grad_out = None if out.dim() == 0 else torch.randn_like(out)
-    call = _microbatch_call(module, inputs, grad_out)
+    call = microbatch_call(module, inputs, grad_out)
     if p["wrapper"] == "ddp_no_sync":
         inner = call
 
@@ -144,7 +149,7 @@ def prepare_optimizer(op, device, dtype):
     from commbench.training import adam_groups, adam_kwargs
     p = dict(op.params)
     wrapper = p["wrapper"]
-    module, inputs = modules.build(op, device, _param_dtype(p, dtype))
+    module, inputs = modules.build(op, device, param_dtype(p, dtype))
     module = _wrap(module, dict(p, wrapper={"zero1": "ddp", "none": "none"}.get(wrapper, "fsdp")), device)
     out = module(*inputs)
     out.backward(None if out.dim() == 0 else torch.randn_like(out))

@@ -369,6 +369,26 @@ def framework_ops(model: ModelSpec, par: Parallelism) -> list:
     return ops
 
 
+def fsdp_stage_ops(model: ModelSpec, par: Parallelism) -> list:
+    """ZeRO-2/3 (torch flavour, data parallelism alone): the micro-batch under
+    FSDP2 over the plan's dp group, its collectives in place
+    (compute/fsdp_stage.py; kind 'other', scope 'dp_in_place', phase 'fwd+bwd',
+    counted m times a step). Under pipelining FSDP defers its reduce-scatters to
+    the end of the step, which one micro-batch alone does not do, and with
+    tensor parallelism the stage's TP is timed in place on its own: none there."""
+    if par.zero not in (2, 3) or par.zero_flavour != "torch" or par.pp > 1 or par.tp > 1 or par.dp == 1:
+        return []
+    layer = layer_ops(model, replace(par, recompute="none"), 1)
+    wrapper = "fsdp" if par.zero == 2 else "fsdp_reshard"
+    work = _stage_work(model, par, 0, layer)
+    sp = dict(_stage_shape(model, par, 0), dtype=par.dtype, grad_dtype=par.grad_dtype, wrapper=wrapper,
+              world=par.world, tp=par.tp, pp=par.pp, dp=par.dp)
+    return [ComputeOp(name=f"stage 0 micro-batch with FSDP in place ({wrapper})", kind="other", m=sp["tokens"],
+                      n=model.hidden, flops=float(sum(o.flops for o in work)), nbytes=sum(o.nbytes for o in work),
+                      count=par.num_microbatches, phase="fwd+bwd", dtype=par.dtype, impl="fsdp_microbatch",
+                      stage=0, scope="dp_in_place", params=tuple(sorted(sp.items())))]
+
+
 def tp_stage_ops(model: ModelSpec, par: Parallelism, flavour: str) -> list:
     """Each stage's micro-batch forward and backward timed in place
     (compute/tp_stage.py; kind 'other', scope 'tp_stage', phase 'fwd+bwd',
@@ -400,9 +420,10 @@ def compute_ops(model: ModelSpec, par: Parallelism, tp_flavour: str = "megatron"
     (an alternative granularity, not extra work), the data-parallel
     framework's own work (framework_ops), and each stage's micro-batch with its
     tensor parallelism in place (tp_stage_ops; tp_flavour: whose
-    implementation). Counts are per optimizer step."""
+    implementation) and with ZeRO-2/3's FSDP in place (fsdp_stage_ops).
+    Counts are per optimizer step."""
     m = par.num_microbatches
     layers = model.num_layers // par.pp
     return (layer_ops(model, par, layers * m) + embedding_ops(model, par, m) + head_ops(model, par, m)
             + optimizer_ops(model, par) + module_ops(model, par, layers * m, m) + framework_ops(model, par)
-            + tp_stage_ops(model, par, tp_flavour))
+            + tp_stage_ops(model, par, tp_flavour) + fsdp_stage_ops(model, par))

@@ -220,10 +220,11 @@ def run(workload_ops, launch, device, settings, out_path, overwrite, argv, flush
         writer = results.open_on_rank0(backend.rank, backend.control_bcast, out_path, header, overwrite)
         timer = PerCallTimer(backend, torch, device, flush_l2)
         todo = distinct_cases(workload_ops, device, "torch", backend.world_size)
-        from commbench.compute import framework, tp_stage
+        from commbench.compute import framework, fsdp_stage, tp_stage
         framework.prepare_groups([op for _, op in todo], backend.world_size)   # collective: every rank
         for tp in tp_stage.group_sizes([op for _, op in todo], backend.world_size):
             tp_stage.tp_group(tp)       # collective too
+        fsdp_stage.make_groups([op for _, op in todo], backend.world_size)     # collective too
         result = ResultFile(header=header, measurements=[], path=out_path)
         if reporter and backend.rank == 0:
             reporter.start(len(todo))
