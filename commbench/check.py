@@ -64,9 +64,14 @@ def check(base_path: str, new_path: str, factor: float = 1.05, alpha: float = ve
         raise ValueError(f"{base_path} and {new_path} have no Case in common (join key: kind, op, dtype, nbytes, "
                          "group_size, num_nodes, axis, in_place, concurrent_groups, redop, root): nothing to check")
     counts = {v: sum(r.verdict == v for r in pair.rows) for v in ("slower", "faster", "same", "untested")}
+    # a side with one sample (an imported nccl-tests log) cannot be tested: the factor alone judges it
+    counts["untested_slower"] = sum(r.verdict == "untested" and r.ratio > factor for r in pair.rows)
+    wrong = [f"{m.case.op} {m.case.nbytes} B {m.case.dtype} on {m.case.axis}: {m.num_wrong} wrong element(s)"
+             for m in new.measurements if m.num_wrong]
     return {"baseline": base_path, "new": new_path, "factor": factor, "alpha": alpha,
             "test": "mann-whitney-u two-sided", "correction": "holm",
-            "regression": counts["slower"] > 0, "counts": counts, "common_cases": len(pair.rows),
+            "regression": counts["slower"] > 0 or counts["untested_slower"] > 0 or bool(wrong),
+            "wrong_results": wrong, "counts": counts, "common_cases": len(pair.rows),
             "only_in_baseline": len(pair.only_a), "only_in_new": len(pair.only_b),
             "cases": [r.to_dict() for r in pair.rows],
             "environment_differences": [{"what": w, "baseline": a, "new": b} for w, a, b in env_diff(base, new)],
@@ -99,10 +104,16 @@ def markdown(doc: dict) -> str:
     head = "REGRESSION" if doc["regression"] else "OK"
     out = [f"## commbench check: {head}", "",
            f"baseline `{doc['baseline']}` vs new `{doc['new']}`: {doc['common_cases']} common case(s); "
-           f"slower {c['slower']}, faster {c['faster']}, same {c['same']}, untested {c['untested']}; "
-           f"only in baseline {doc['only_in_baseline']}, only in new {doc['only_in_new']}.", "",
+           f"slower {c['slower']}, faster {c['faster']}, same {c['same']}, untested {c['untested']} "
+           f"(of which beyond the factor {c['untested_slower']}); "
+           f"only in baseline {doc['only_in_baseline']}, only in new {doc['only_in_new']}; "
+           f"new measurements with wrong results {len(doc['wrong_results'])}.", "",
            f"Rule: slower = ratio p50(new)/p50(base) > {doc['factor']} and two-sided Mann-Whitney U on the raw "
-           f"samples, Holm-corrected over the {doc['common_cases']} cases, p < {doc['alpha']}.", ""]
+           f"samples, Holm-corrected over the {doc['common_cases']} cases, p < {doc['alpha']}; a case with "
+           f"fewer than {verdicts.MIN_SAMPLES} samples on a side (an imported log) fails on the ratio alone; "
+           "any wrong result in the new file fails.", ""]
+    if doc["wrong_results"]:
+        out += ["### Wrong results in the new file", "", *[f"- {w}" for w in doc["wrong_results"]], ""]
     for verdict, title in (("slower", "Slower (regressions)"), ("faster", "Faster"), ("untested", "Untested")):
         rows = [r for r in doc["cases"] if r["verdict"] == verdict]
         if rows:

@@ -34,7 +34,7 @@ def _run_args(p):
                    help="multiply the size by this between steps (default 2 unless -i is given)")
     g.add_argument("-i", "--stepbytes", default=None, help="add this many bytes between steps instead")
     g = p.add_argument_group("what to run")
-    g.add_argument("--collective", default="all",
+    g.add_argument("--collective", default=None,
                    help="all_reduce, all_gather, reduce_scatter, broadcast, reduce, all_to_all, "
                         "send_recv, send_recv_bidir, barrier; comma-separated, or all (default)")
     g.add_argument("-d", "--dtype", default=None,
@@ -217,7 +217,7 @@ def _config(a):
     stepfactor = a.stepfactor if a.stepfactor is not None else (None if stepbytes is not None else 2.0)
     config = RunConfig(
         minbytes=parse_size(a.minbytes), maxbytes=parse_size(a.maxbytes), stepfactor=stepfactor,
-        stepbytes=stepbytes, collectives=a.collective, dtypes="float32" if a.dtype is None else a.dtype, redops=a.op,
+        stepbytes=stepbytes, collectives=a.collective or "all", dtypes="float32" if a.dtype is None else a.dtype, redops=a.op,
         backend=a.backend,
         dist_backend=a.dist_backend, device=a.device if a.device in ("cpu", "cuda") else "cpu", layouts=a.groups,
         in_place=a.in_place, check_iters=a.check, root=a.root, timeout_s=a.timeout, keep_rank_samples=a.keep_rank_samples,
@@ -281,6 +281,8 @@ def _run_plan(a, world: int, gpus_per_node: int):
         if a.isolated:
             raise ValueError("--isolated measures a plan's groups one at a time: give --model or --plan with it")
         return None
+    if a.collective is not None:
+        raise ValueError("--collective chooses a sweep's collectives: with a plan, run measures the plan's own")
     defaults = {"world": world, "gpus_per_node": gpus_per_node}
     if a.dtype:
         from commbench.dtypes import parse_dtypes
@@ -388,6 +390,15 @@ def cmd_compute(a, argv) -> int:
         report.print_tables(ops, matched)
         print(f"results: {rf.path}")
     return EXIT_OK
+
+
+def _launched_rank() -> int:
+    """This process's rank under a launcher (mpiexec, torchrun, srun), 0 outside one."""
+    from commbench import launch
+    try:
+        return launch.detect().rank
+    except Exception:       # an inconsistent environment is its own error: say everything
+        return 0
 
 
 def cmd_predict(a) -> int:
@@ -678,7 +689,8 @@ def main(argv=None) -> int:
             return cli_plans.dispatch(a)
         return cmd_env(a)
     except (UsageError, ValueError) as e:
-        if not getattr(e, "quiet", False):      # a job-wide refusal: rank 0 says it, the others stay quiet
+        # a job-wide refusal, or bad flags every rank of a launched job reads alike: rank 0 says it
+        if not getattr(e, "quiet", False) and _launched_rank() == 0:
             print(f"commbench: error: {e}" if not str(e).startswith("commbench") else str(e), file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt as e:    # Ctrl-C, or watchdog.Interrupted (SIGINT/SIGTERM, quiet but on rank 0)

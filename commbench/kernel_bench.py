@@ -288,7 +288,7 @@ def cli(a, argv) -> int:
         raise ValueError(f"--backend kernels runs CUDA kernels: --device {a.device} is not cuda")
     if planflags.given(a):
         raise ValueError("--backend kernels measures memory and peer-to-peer copies: it takes no plan flags")
-    if a.collective != "all" or a.dtype or a.dist_backend:
+    if a.collective not in (None, "all") or a.dtype or a.dist_backend:
         raise ValueError("--backend kernels runs its own kernels in float32: "
                          "--collective, -d/--dtype and --dist-backend do not apply")
     stepbytes = parse_size(a.stepbytes) if a.stepbytes is not None else None

@@ -10,6 +10,11 @@ UNSTABLE_CV = 0.10
 FEW_SAMPLES = 10
 
 
+# below 6 samples no pair of order statistics covers the median with 95 %
+# (the full range of 5 covers it with 1 - 2/2^5 = 93.75 %)
+MIN_CI_SAMPLES = 6
+
+
 def median_ci(samples, confidence: float = CONFIDENCE) -> tuple[float, float]:
     """Confidence interval of the median from order statistics: the number of
     samples below the true median is Binomial(n, 1/2), so [x_(j), x_(k)] with j, k
@@ -20,7 +25,7 @@ def median_ci(samples, confidence: float = CONFIDENCE) -> tuple[float, float]:
     n = len(x)
     if n == 0:
         return math.nan, math.nan
-    if n < 6:  # too few order statistics for a 95 % interval: the full range
+    if n < MIN_CI_SAMPLES:  # too few order statistics for a 95 % interval: the full range
         return float(x[0]), float(x[-1])
     # j = smallest count with P(B <= j) >= alpha/2, so P(B <= j-1) < alpha/2 and
     # [x_(j), x_(n-j+1)] (1-based) covers the median with probability >= confidence.

@@ -101,7 +101,7 @@ def measure(backend, op, settings: TimingSettings, on_phase=None) -> Timed:
             stop = (settings.target_ci <= 0
                     or done >= settings.max_iters
                     or time.monotonic() - start >= settings.time_budget_s
-                    or stats.precision(maxed) <= settings.target_ci)
+                    or (done >= stats.MIN_CI_SAMPLES and stats.precision(maxed) <= settings.target_ci))
             # the next batch doubles the count, within the iteration cap and
             # (estimated from the median so far) the time left
             left = settings.time_budget_s - (time.monotonic() - start)

@@ -10,6 +10,7 @@ import pytest
 
 from commbench import cli
 from commbench.results import Case, Measurement, make_header
+from conftest import commbench, mpiexec
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "nccl-tests")
 PLAN = ["--model", "tiny-gpt", "--world", "2", "--gpus-per-node", "2", "--global-batch", "4", "--dtype", "fp32"]
@@ -74,6 +75,8 @@ CASES = {
     "run-dist-backend": (["run", "--device", "cpu", "--dist-backend", "tcp"], None, "'tcp'"),
     "run-stepbytes-garbage": (["run", "--device", "cpu", "-i", "x1"], None, "'x1'"),
     "run-out-exists": (["run", "--device", "cpu", "--out", "existing.jsonl"], _existing, "existing.jsonl"),
+    "run-plan-with-collective": (["run", "--device", "cpu", "--model", "tiny-gpt", "--collective", "all_gather"],
+                                 None, "with a plan, run measures the plan's own"),
     "run-plan-missing-file": (["run", "--device", "cpu", "--plan", "nope.yaml"], None, "nope.yaml"),
     "run-plan-world-mismatch": (["run", "--device", "cpu", "--nprocs", "2", "--model", "tiny-gpt", "--world", "4",
                                  "--global-batch", "4"], None, "4"),
@@ -235,3 +238,12 @@ def test_bad_input(name, tmp_path, monkeypatch, capsys):
 
 def test_the_table_is_big_enough():
     assert len(CASES) >= 50
+
+
+def test_bad_flags_under_mpiexec_say_it_once(tmp_path):
+    """Every rank of a launched job reads the same bad flag: rank 0 says it,
+    every rank exits 2."""
+    p = commbench("run", "--backend", "mpi", "--collective", "all_reduce", "-b", "1X", launcher=mpiexec(2),
+                  cwd=tmp_path)
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert p.returncode == 2 and lines == [lines[0]] and "bad size '1X'" in lines[0], p.stderr

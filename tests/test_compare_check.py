@@ -118,8 +118,24 @@ def test_one_sample_is_untested_and_join_ignores_backend(cb, tmp_path):
     b = write(tmp_path / "b.jsonl", [meas("all_reduce", 1024, [5e-4], backend="nccl-tests")])
     pair, v = verdict_set(a, b)
     assert v == {"untested"} and pair.rows[0].ratio == pytest.approx(5) and not pair.with_backend
+    # one sample cannot be tested: the factor alone fails it (an imported nccl-tests baseline must gate)
     r = cb("check", "--baseline", a, b)
-    assert r.returncode == 0 and "untested 1" in r.stdout and "backend/device" in r.stdout
+    assert r.returncode == 1 and "untested 1 (of which beyond the factor 1)" in r.stdout
+    assert r.stdout.startswith("## commbench check: REGRESSION") and "backend/device" in r.stdout
+    close = write(tmp_path / "c.jsonl", [meas("all_reduce", 1024, [1.02e-4], backend="nccl-tests")])
+    r = cb("check", "--baseline", a, close)
+    assert r.returncode == 0 and "untested 1 (of which beyond the factor 0)" in r.stdout
+
+
+def test_wrong_results_in_the_new_file_fail_the_gate(cb, tmp_path):
+    a = write(tmp_path / "a.jsonl", [meas("all_reduce", 1024, [1e-4] * 30)])
+    bad = meas("all_reduce", 1024, [1e-4] * 30)
+    bad.num_wrong, bad.wrong_ranks = 3, [1]
+    b = write(tmp_path / "b.jsonl", [bad])
+    r = cb("check", "--baseline", a, b)
+    assert r.returncode == 1 and "### Wrong results in the new file" in r.stdout
+    assert "all_reduce 1024 B float32 on world: 3 wrong element(s)" in r.stdout
+    assert json.loads(cb("check", "--baseline", a, b, "--json").stdout)["regression"] is True
 
 
 def test_check_exit_codes_summary_and_environment(cb, tmp_path, monkeypatch):

@@ -204,6 +204,18 @@ def test_adaptive_iterations_reach_target_or_say_so(tmp_path):
         assert reached != any("did not reach the target" in w for w in m.warnings)
 
 
+def test_adaptive_stop_needs_a_real_95_percent_interval(tmp_path):
+    """Below 6 samples the median's interval is the range, which covers it with
+    less than 95 % (2 samples: 50 %): a loose target met by 2 samples does not
+    stop the doubling before 6."""
+    out = tmp_path / "few.jsonl"
+    p = commbench("run", "--backend", "mpi", "--collective", "all_reduce", "-b", "1K", "-e", "1K", "-n", "2",
+                  "-w", "1", "--target-ci", "0.9", "-q", "--out", out, launcher=mpiexec(2), cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    (m,) = results.load(str(out)).measurements
+    assert m.iters >= 6 and m.stats["precision"] <= 0.9
+
+
 def test_json_and_csv_exports(tmp_path):
     p = commbench("run", "--backend", "mpi", "--collective", "all_reduce,barrier", "-b", "8", "-e", "64",
                   "-f", "8", *FAST, "--json", "--out", tmp_path / "j.jsonl", launcher=mpiexec(2), cwd=tmp_path)
