@@ -58,7 +58,7 @@ def table(block: list) -> Table:
                   _gbps(m.algbw_gbps), _gbps(m.busbw_gbps),
                   f"[red]{m.num_wrong}[/red]" if m.num_wrong else "0",
                   f"{s['cv']:.1%}", "" if prec is None else f"{prec:.1%}", str(m.iters),
-                  f"{m.slowest_host}:{m.slowest_rank}", short_notes(m))
+                  "" if m.slowest_rank is None else f"{m.slowest_host}:{m.slowest_rank}", short_notes(m))
     return t
 
 

@@ -237,6 +237,12 @@ def _run_cases(config, launch, argv, out_path, overwrite, reporter, plan, isolat
         todo = plan_cases(workload, plan[1], hosts, isolated)
     else:
         layouts = [groups.build(spec, hosts) for spec in config.layout_list]
+        rooted = [c.name for c in config.collective_list if c.has_root]
+        largest = max(layout.group_size for layout in layouts)
+        if rooted and config.root >= largest:
+            raise rankcheck.RankMismatch(f"-r/--root {config.root} is outside every group (the largest has "
+                                         f"{largest} ranks): {', '.join(rooted)} would all be skipped",
+                                         quiet=backend.rank != 0)
         todo = [(layout, c) for layout in layouts for c in cases(config, layout, layout.group_size)]
     # the largest case must fit on every rank before anything is allocated
     short = memcheck.check([(c[0].name, c[1], c[5], c[6]) for _, c in todo], config.device,

@@ -247,3 +247,12 @@ def test_bad_flags_under_mpiexec_say_it_once(tmp_path):
                   cwd=tmp_path)
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert p.returncode == 2 and lines == [lines[0]] and "bad size '1X'" in lines[0], p.stderr
+
+
+def test_a_root_outside_every_group_exits_2_writing_nothing(tmp_path):
+    p = commbench("run", "--nprocs", "2", "-r", "5", "--collective", "broadcast", "-b", "8", "-e", "64",
+                  "--out", tmp_path / "r.jsonl", cwd=tmp_path)
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert p.returncode == 2 and len(lines) == 1, p.stderr
+    assert "-r/--root 5 is outside every group (the largest has 2 ranks)" in lines[0]
+    assert not (tmp_path / "r.jsonl").exists()
