@@ -134,6 +134,9 @@ def _layout(run: dict, env: dict) -> dict:
             "hosts": hosts, "axis": axis}
 
 
+NOT_CHECKED = "results not checked (nccl-tests -c 0: #wrong N/A): num_wrong 0 is not a verdict"
+
+
 def _measurement(op: str, row: dict, in_place: bool, res: dict, lay: dict, wrong_col: str) -> results.Measurement:
     params = {"count": row["count"], "world_size": lay["num_ranks"]}
     if row["redop"]:
@@ -154,6 +157,8 @@ def _measurement(op: str, row: dict, in_place: bool, res: dict, lay: dict, wrong
     if res.get("max_error"):
         warnings.append(f"nccl-tests '{wrong_col}' column: largest deviation {res['max_error']:g} "
                         "(a deviation, not a count of wrong elements)")
+    elif res.get("wrong") is None:
+        warnings.append(NOT_CHECKED)
     s = stats.summarize(samples)
     if res.get("per_iter"):
         s["nccl_tests_per_iter"] = res["per_iter"]
