@@ -78,7 +78,7 @@ def test_hung_rank_ends_the_job_with_one_line_naming_it(tmp_path):
     t_fault = wait_lines(proc, out, 1 + 4)           # case 4 is where rank 1 stops answering
     code, _, err, t_end = finish(proc)
     assert code == watchdog.EXIT_TIMEOUT, err
-    assert len(err) == 1 and "Traceback" not in err[0], err
+    assert len(err) == 1 and "Traceback" not in err[0], "\n".join(err)   # the lines whole
     line = err[0]
     assert line.startswith("commbench: timeout: all_reduce of ") and "group world [0, 1]" in line, line
     assert "rank 1 (still in an earlier step)" in line and str(out) in line, line
@@ -151,7 +151,7 @@ def test_hung_rank_in_compute_ends_the_job_naming_the_kernel_and_rank(tmp_path):
     t_fault = wait_lines(proc, out, 1 + 3)       # kernel 4 is where rank 1 stops answering
     code, _, err, t_end = finish(proc)
     assert code == watchdog.EXIT_TIMEOUT, err
-    assert len(err) == 1 and "Traceback" not in err[0], err
+    assert len(err) == 1 and "Traceback" not in err[0], "\n".join(err)   # the lines whole
     line = err[0]
     assert line.startswith("commbench: timeout: compute ") and "on ranks 0-1 at once" in line, line
     assert "rank 1 (still in an earlier step)" in line and str(out) in line, line
