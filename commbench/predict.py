@@ -174,9 +174,9 @@ class Times:
     def burst(self, pieces: list, group_size: int, num_nodes: int, dtype: str, bound: str) -> float | None:
         """A burst of broadcasts ((root, nbytes), ...) issued together, where one
         like it was measured as a whole (collectives.broadcast_burst); else None."""
-        est = None
-        if self.comm_model is not None and hasattr(self.comm_model, "burst"):
-            est = self.comm_model.burst(sum(b for _, b in pieces), len(pieces), group_size, num_nodes, dtype)
+        if self.comm_model is None:
+            return None
+        est = self.comm_model.burst(sum(b for _, b in pieces), len(pieces), group_size, num_nodes, dtype)
         if est is None:
             return None
         return {"mid": est.time_s, "low": est.low_s, "high": est.high_s}[bound]
@@ -196,13 +196,12 @@ class StageTimes:
     dp_step_s: float = 0.0       # once-per-step DP collectives (ZeRO-1 parameters)
     optimizer_s: float = 0.0
     recompute_s: float = 0.0     # the part of bwd_s that is recomputed forwards
-    dp_in_place: bool = False    # fwd_s + bwd_s hold FSDP's work and collectives, timed in place
     tp_recompute_s: float = 0.0  # the part of tp_bwd_s that is their TP collectives
+    dp_in_place: bool = False    # fwd_s + bwd_s hold FSDP's work and collectives, timed in place
 
 
 # module-level scopes and the kernel-level scopes they stand in for
 MODULE_SCOPES = {"layer_module": "layer", "head_module": "head"}
-# the recomputed forwards timed as modules: counted wherever layers are (modules or the whole stage)
 STAGE_COVERS = ("layer", "layer_module", "embedding", "head", "head_module")
 
 
@@ -225,7 +224,9 @@ def granularity(ops, times: Times, stage: int | None = None) -> list:
         mods = [op for op in ops if op.scope == module_scope]
         skip.add(kernel_scope if mods and all(times.measured(op) for op in mods) else module_scope)
     if "layer_module" in skip:
-        skip.add("recompute_module")       # the layer kernels carry their own recomputed forwards
+        # the recomputed forwards timed as modules go with the layer modules (or
+        # the whole stage); the layer kernels carry their own
+        skip.add("recompute_module")
     return [op for op in ops if op.scope not in skip]
 
 
