@@ -34,7 +34,7 @@ def build(model, par: Parallelism, tp_flavour: str = "megatron") -> Workload:
     """tp_flavour: megatron (default) or dtensor, the collectives of torch's
     DTensor tensor parallelism (what `validate` runs)."""
     par.check_model(model)
-    return Workload(model=model.to_dict(), parallelism=dict(asdict(par), num_microbatches=par.num_microbatches,
+    return Workload(model=model.to_dict(), parallelism=dict(asdict(par), seq=par.seq_for(model), num_microbatches=par.num_microbatches,
                                                             num_nodes=par.num_nodes),
                     comm_ops=comm_ops(model, par, tp_flavour),
                     compute_ops=compute_ops.compute_ops(model, par, tp_flavour))

@@ -114,7 +114,7 @@ def evaluate(point: Point, spec, times) -> dict:
     workload = plan_mod.build(model, par)
     sb = predict.predict(workload, par, times.bind(workload.compute_ops),
                          ranking.peak_tflops(spec, par.dtype))
-    return dict(row, gpus=par.world, parallelism=dict(dataclasses.asdict(par), num_microbatches=par.num_microbatches),
+    return dict(row, gpus=par.world, parallelism=dict(dataclasses.asdict(par), seq=par.seq_for(model), num_microbatches=par.num_microbatches),
                 fits=memory.fits(mem, spec.gpu_memory_bytes, RESERVE), memory_bytes=mem.to_dict(), usable_bytes=usable,
                 step_time_s=sb.step_time_s, samples_per_s=sb.samples_per_s, tokens_per_s=sb.tokens_per_s,
                 tflops_per_gpu=sb.tflops_per_gpu, mfu=sb.mfu, breakdown=sb.breakdown,

@@ -117,7 +117,7 @@ def report(workload, par, comm_rf, compute_rf, inter_rf, measured, device, out_d
         "prediction": sb.to_dict(),
         "plan": {"model": workload.model["name"], "world": par.world, "dp": par.dp, "tp": par.tp, "pp": par.pp,
                  "zero": par.zero, "sp": par.sp, "micro_batch": par.micro_batch, "global_batch": par.global_batch,
-                 "num_microbatches": par.num_microbatches, "seq": par.seq, "dtype": par.dtype,
+                 "num_microbatches": par.num_microbatches, "seq": par.seq or workload.model["seq"], "dtype": par.dtype,
                  "schedule": par.schedule, "interleave": par.interleave, "recompute": par.recompute},
         "device": device,
         "interference": slow,

@@ -25,6 +25,9 @@ def test_plan_json_is_the_workload():
     table = commbench("plan", "--model", "gpt3-13b", "--world", "512", "--gpus-per-node", "4", "--tp", "4",
                       "--pp", "2", "--zero", "1", "--global-batch", "1024")
     assert table.returncode == 0 and "inter-node" in table.stdout and "dp" in table.stdout
+    default_seq = commbench("plan", "--model", "gpt3-13b", "--world", "8", "--json")
+    assert default_seq.returncode == 0, default_seq.stderr
+    assert json.loads(default_seq.stdout)["parallelism"]["seq"] == models.get("gpt3-13b").seq    # not 0
 
 
 def test_a_bad_plan_exits_2_naming_the_rule():
