@@ -39,6 +39,7 @@ OPS = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter":
        "broadcast": "broadcast", "reduce": "reduce", "alltoall": "all_to_all", "sendrecv": "sendrecv",
        "gather": "gather", "scatter": "scatter", "hypercube": "hypercube"}
 ROOTED = ("broadcast", "reduce", "gather", "scatter")
+REDUCING = ("all_reduce", "reduce_scatter", "reduce")
 ONE_SAMPLE = "imported: nccl-tests reports one averaged time, no raw samples"
 
 
@@ -186,10 +187,18 @@ def convert(path: str, op: str | None = None) -> results.ResultFile:
     lay = _layout(run, run.get("env", {}))
     measurements, footers = [], []
     for sec in run["sections"]:
-        name = op or op_from_name(sec["test"]) or op_from_name((run.get("args") or [None])[0]) or op_from_name(path)
+        said = op_from_name(sec["test"]) or op_from_name((run.get("args") or [None])[0])
+        if op is not None and said is not None and said != op:
+            raise ValueError(f"{path}: line {sec['line']}: --op {op}, but the log says it tested {said}")
+        name = op or said or op_from_name(path)
         if name is None:
             raise ValueError(f"{path}: line {sec['line']}: which collective? no 'Collective test starting' line, "
                              "and the file name names no nccl-tests binary: give --op (e.g. all_reduce)")
+        redops = sorted({row["redop"] for row in sec["rows"] if row["redop"]})
+        if bool(redops) != (name in REDUCING):
+            has = f"a reduction op ({', '.join(redops)})" if redops else "no reduction op"
+            raise ValueError(f"{path}: line {sec['line']}: its rows have {has}: not a {name} log"
+                             + (" (--op)" if op else ""))
         footers.append({"op": name, "avg_busbw_gbps": sec["avg_busbw_gbps"], "out_of_bounds": sec["out_of_bounds"],
                         "ok": sec["ok"], "table_line": sec["line"]})
         for in_place in (False, True):      # out-of-place table first, as `run --in-place both` writes

@@ -126,14 +126,27 @@ def test_json_output_with_per_iteration_samples(cb, tmp_path):
 def test_several_tests_in_one_log_and_op_override(tmp_path):
     text = (FIX / "broadcast_v2.17_per_iter.txt").read_text()
     both = tmp_path / "two.txt"
-    both.write_text(text + text.replace("broadcast_perf", "reduce_perf"))
+    both.write_text(text + text.replace("broadcast_perf", "scatter_perf"))
     rf = import_nccl.convert(str(both))
-    assert {m.case.op for m in rf.measurements} == {"broadcast", "reduce"} and len(rf.measurements) == 28
+    assert {m.case.op for m in rf.measurements} == {"broadcast", "scatter"} and len(rf.measurements) == 28
+    # --op must agree with the log: the collective it names, and a reduction op on its rows or not
+    with pytest.raises(ValueError, match="line 16: --op all_gather, but the log says it tested broadcast"):
+        import_nccl.convert(str(both), op="all_gather")
+    reduce_named = tmp_path / "reduce.txt"
+    reduce_named.write_text(text.replace("broadcast_perf", "reduce_perf"))
+    with pytest.raises(ValueError, match="its rows have no reduction op: not a reduce log"):
+        import_nccl.convert(str(reduce_named))
     nameless = tmp_path / "log.txt"
     nameless.write_text((FIX / "all_gather_perf-v2.0.log").read_text())
     with pytest.raises(ValueError, match="give --op"):
         import_nccl.convert(str(nameless))
     assert {m.case.op for m in import_nccl.convert(str(nameless), op="all_gather").measurements} == {"all_gather"}
+    with pytest.raises(ValueError, match=r"its rows have no reduction op: not a all_reduce log \(--op\)"):
+        import_nccl.convert(str(nameless), op="all_reduce")
+    summed = tmp_path / "log2.txt"
+    summed.write_text((FIX / "all_reduce_perf-v2.13-2nodes.txt").read_text())
+    with pytest.raises(ValueError, match=r"its rows have a reduction op \(sum\): not a all_gather log"):
+        import_nccl.convert(str(summed), op="all_gather")
 
 
 def test_bad_logs_exit_2_with_one_line(cb, tmp_path):
