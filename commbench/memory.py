@@ -38,6 +38,7 @@ from functools import lru_cache
 from commbench.models import ModelSpec
 from commbench.parallel import DTYPE_BYTES, Parallelism
 from commbench.strategies.common import layer_params, rank_params
+from commbench.strategies.zero import DS_REDUCE_BUCKET_ELEMS
 
 # bytes per parameter of optimizer state: (16-bit training, fp32 training).
 # Adam / AdamW: fp32 master weights + m + v = 4 + 4 + 4; in fp32 the weights
@@ -103,6 +104,13 @@ def model_state_bytes(model: ModelSpec, par: Parallelism, stage: int, optimizer:
     if par.zero >= 2:
         if par.pp == 1:
             grads = shard * gb
+            if par.zero == 2 and par.zero_flavour == "torch":
+                # FSDP2 without resharding (strategies/fsdp.py): a unit's gradient is
+                # unsharded until its reduce-scatter, as under ZeRO-3 below
+                grads += max(block, root) * gb
+            elif par.zero == 2:
+                # DeepSpeed reduces through one contiguous bucket of reduce_bucket_size elements
+                grads += min(psi, DS_REDUCE_BUCKET_ELEMS) * gb
         # pp > 1: torch.distributed.pipelining defers every reduce-scatter to the end of
         # the step (strategies/fsdp.py), so gradients accumulate unsharded; DeepSpeed
         # refuses ZeRO-2/3 with its pipeline engine. Either way no gradient saving.

@@ -107,11 +107,16 @@ def test_adam_state_for_each_zero_stage():
     # torch's ZeroRedundancyOptimizer gives whole parameters: its busiest rank holds at least the equal share
     w, g, opt = model_state_bytes(m, Parallelism(zero=1, **kw), 0)
     assert (w, g) == (2 * P, 2 * P) and 12 * shard <= opt < 12 * (shard + 4 * m.hidden ** 2)
-    assert model_state_bytes(m, Parallelism(zero=2, **kw), 0) == (2 * P, 2 * shard, 12 * shard)
-    # ZeRO-3: everything / 8, plus FSDP2's root (embedding, positions, final norm) and two
-    # blocks gathered, and one unit's unsharded gradient
     block = sum(p.numel for p in layer_params(m, 1, 0))
     root = P - 24 * block
+    # ZeRO-2: FSDP2 holds one unit's unsharded gradient until its reduce-scatter;
+    # DeepSpeed its contiguous reduce bucket of 5e8 elements (P is 1.3e9 here)
+    assert model_state_bytes(m, Parallelism(zero=2, **kw), 0) == (2 * P, 2 * shard + 2 * max(root, block),
+                                                                   12 * shard)
+    assert model_state_bytes(m, Parallelism(zero=2, zero_flavour="deepspeed", **kw), 0) == (
+        2 * P, 2 * shard + 2 * 500_000_000, 12 * shard)
+    # ZeRO-3: everything / 8, plus FSDP2's root (embedding, positions, final norm) and two
+    # blocks gathered, and one unit's unsharded gradient
     assert model_state_bytes(m, Parallelism(zero=3, **kw), 0) == (
         2 * shard + 2 * (root + 2 * block), 2 * shard + 2 * max(root, block), 12 * shard)
     # fp32 training: 4 + 4 + 8
