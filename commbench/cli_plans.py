@@ -76,6 +76,11 @@ def cmd_search(a) -> int:
     peak = ranking.peak_tflops(times.spec, a.dtype, a.peak_tflops)
     rep = ranking.run(model, a.world, gpus_per_node, global_batch, times, memory_gb * 1e9, seq=a.seq,
                       dtype=a.dtype, top=a.top, peak=peak, reserve_fraction=a.memory_reserve, micro_batches=micro)
+    c = rep.counts()
+    if c["valid"] == 0:         # no plan at all is a question that cannot be asked, not an empty answer
+        reason, n = max(rep.result.invalid_reasons.items(), key=lambda kv: kv[1], default=("none enumerated", 0))
+        raise ValueError(f"no valid plan of {model.name} on {a.world} GPUs: {reason} "
+                         f"({n} of {c['enumerated']} candidates)")
     if a.json:
         doc = rep.to_dict()
         doc["system"] = spec.name if spec else None

@@ -186,6 +186,10 @@ def test_search_with_measured_files_ranks_the_measured_shapes(capsys, files):
      ["--gpu-memory-gb", "-1"]),
     (["--model", "gpt3-125m", "--world", "8", "--system", "thetagpu", "--micro-batches", "1,x"], ["'1,x'"]),
     (["--model", "gpt3-125m", "--world", "12", "--system", "thetagpu"], ["12", "nodes"]),
+    # no plan at all is valid: bad input, not an empty answer
+    (["--model", "gpt3-125m", "--world", "8", "--system", "thetagpu", "--seq", "4096"],
+     ["no valid plan of gpt3-125m on 8 GPUs", "seq 4096 is longer than the 2048 learned positions"]),
+    (["--model", "gpt3-125m", "--world", "8", "--system", "thetagpu", "--json", "--seq", "4096"], ["no valid plan"]),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, args, words):
     code, out, err = run(capsys, "search", *args)
