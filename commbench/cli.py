@@ -15,6 +15,7 @@ from commbench.timing import check_timeout
 
 EXIT_OK, EXIT_WRONG, EXIT_USAGE, EXIT_FAILED = 0, 1, 2, 3
 EXIT_TIMEOUT, EXIT_SIGINT, EXIT_SIGTERM = 124, 130, 143
+EXIT_SIGPIPE = 141          # stdout's reader went away (`| head`), as a shell tool killed by SIGPIPE
 
 
 class UsageError(Exception):
@@ -638,6 +639,16 @@ def _refuse_empty(a):
             raise ValueError(f"an empty value for {name.replace('_', '-')}")
 
 
+def _stdout_gone() -> int:
+    """The reader of stdout went away: end quietly (whatever was written to files
+    is complete), with nothing more sent to the closed pipe."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    return EXIT_SIGPIPE
+
+
 def entry():
     """The `commbench` command and `python -m commbench`: main(), then the end of
     the process. Where torch was loaded, the process ends without the
@@ -647,8 +658,11 @@ def entry():
     run succeeded (SIGABRT, "terminate called without an active exception",
     exit 134; pytorch/pytorch#179291)."""
     code = main()
-    if "torch" in sys.modules:
+    try:
         sys.stdout.flush()
+    except BrokenPipeError:
+        code = _stdout_gone()
+    if "torch" in sys.modules:
         sys.stderr.flush()
         mpi = sys.modules.get("mpi4py.MPI")
         if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
@@ -657,8 +671,18 @@ def entry():
     raise SystemExit(code)
 
 
+def _broken_pipe(console):
+    """rich's Console ends the process with status 1 (commbench's "a result was
+    wrong") when stdout's reader goes away: raise instead, for main() to end as
+    every verb does."""
+    console.quiet = True
+    raise BrokenPipeError
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    import rich.console
+    rich.console.Console.on_broken_pipe = _broken_pipe
     try:
         a = build_parser().parse_args(argv)
         _refuse_empty(a)
@@ -698,6 +722,8 @@ def main(argv=None) -> int:
         if message:
             print(message, file=sys.stderr)
         return getattr(e, "exit_status", EXIT_SIGINT)
+    except BrokenPipeError:
+        return _stdout_gone()
     except Exception as e:   # a failed run: one line; the traceback with COMMBENCH_DEBUG=1
         if os.environ.get("COMMBENCH_DEBUG"):
             raise

@@ -1,6 +1,8 @@
 """PLAN-FLAGS (DESIGN.md, "Interfaces"), shared by the verbs that take a plan:
 --model --world --gpus-per-node --dp --tp --pp --zero --sp --micro-batch
 --global-batch --seq --dtype ..., or --plan FILE."""
+import argparse
+
 from commbench import plan as plan_mod
 
 
@@ -15,7 +17,8 @@ def add(p, dtype_flag: bool = True, required: bool = True):
     g.add_argument("--pp", type=int, default=None, help="pipeline stages")
     g.add_argument("--zero", type=int, default=None, help="0 DDP, 1/2 ZeRO, 3 FSDP full shard")
     g.add_argument("--zero-flavour", default=None, help="torch (ZeroRedundancyOptimizer, FSDP2) or deepspeed")
-    g.add_argument("--sp", action="store_true", default=None, help="Megatron sequence parallelism")
+    g.add_argument("--sp", action=argparse.BooleanOptionalAction, default=None,
+                   help="Megatron sequence parallelism (--no-sp turns off a plan file's)")
     g.add_argument("--micro-batch", type=int, default=None)
     g.add_argument("--global-batch", type=int, default=None)
     g.add_argument("--seq", type=int, default=None, help="sequence length (default: the model's)")

@@ -145,3 +145,15 @@ def test_show_skips_a_truncated_last_line(tmp_path):
     assert doc["measurements"] == []
     assert "truncated" in proc.stderr
     assert path.read_text().startswith(json.dumps(header))      # show never rewrites the file
+
+
+def test_a_closed_stdout_ends_quietly_with_141():
+    """`commbench ... | head`: no "failed: BrokenPipeError" and not status 1 ("a
+    result was wrong"), whether the verb prints JSON or a rich table."""
+    for verb in (["models", "--json"], ["plan", "--model", "gpt3-13b", "--world", "64", "--gpus-per-node", "8",
+                                          "--tp", "8"]):
+        p = subprocess.Popen([sys.executable, "-m", "commbench", *verb], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, env=clean_env())
+        p.stdout.close()
+        err = p.stderr.read()
+        assert p.wait(timeout=120) == 141 and err == b"", (verb, err)

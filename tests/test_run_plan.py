@@ -30,6 +30,20 @@ def test_plan_json_is_the_workload():
     assert json.loads(default_seq.stdout)["parallelism"]["seq"] == models.get("gpt3-13b").seq    # not 0
 
 
+def test_flags_override_a_plan_file_both_ways(tmp_path):
+    f = tmp_path / "p.yaml"
+    f.write_text("model: gpt3-1.3b\nworld: 8\ngpus_per_node: 8\ntp: 2\nsp: true\n")
+    p = commbench("plan", "--plan", f, "--json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["parallelism"]["sp"] is True
+    p = commbench("plan", "--plan", f, "--tp", "1", "--no-sp", "--json")
+    assert p.returncode == 0, p.stderr
+    par = json.loads(p.stdout)["parallelism"]
+    assert (par["tp"], par["sp"]) == (1, False)
+    p = commbench("plan", "--plan", f, "--tp", "1")
+    assert p.returncode == 2 and "needs tp > 1" in p.stderr
+
+
 def test_a_bad_plan_exits_2_naming_the_rule():
     p = commbench("plan", "--model", "gpt3-13b", "--world", "16", "--tp", "2", "--pp", "2", "--dp", "3")
     assert p.returncode == 2
