@@ -212,7 +212,7 @@ def granularity(ops, times: Times, stage: int | None = None) -> list:
     head as modules where all of theirs were; else kernel by kernel (measured,
     or from a SystemSpec)."""
     # costs on top (framework_overhead) or in place of compute + TP (tp_in_place), not granularities
-    ops = [op for op in ops if op.scope not in ("framework", "tp_stage", "dp_in_place")]
+    ops = [op for op in ops if op.scope not in ("framework", "tp_stage", "dp_in_place", "pp_stage")]
     if stage is not None:
         ops = [op for op in ops if op.stage in (-1, stage)]
         whole = [op for op in ops if op.scope == "stage_module"]
@@ -284,6 +284,26 @@ def _apply_dp_in_place(st: StageTimes, whole: float):
     st.fwd_s, st.bwd_s, st.layer_fwd_s, st.layer_bwd_s = (
         st.fwd_s * f, st.bwd_s * f, st.layer_fwd_s * f, st.layer_bwd_s * f)
     st.dp_in_place = True
+
+
+def pp_in_place(ops, times: Times, stage: int, bound: str):
+    """(forward, backward) seconds of one micro-batch on the stage's rank, its
+    virtual stages timed inside the plan's pipeline (compute/pipeline_stage.py);
+    None where they were not all measured."""
+    mine = [op for op in ops if op.scope == "pp_stage" and op.stage == stage]
+    if not mine or not all(times.measured(op) for op in mine):
+        return None
+    return tuple(sum(times.compute(op, bound) for op in mine if op.phase == ph) for ph in ("fwd", "bwd"))
+
+
+def _apply_pp_in_place(st: StageTimes, fwd: float, bwd: float):
+    """The stage's forward and backward as the pipeline runs them, its layers'
+    share (which interleaving splits) scaled alike."""
+    if st.fwd_s > 0:
+        st.layer_fwd_s *= fwd / st.fwd_s
+    if st.bwd_s > 0:
+        st.layer_bwd_s *= bwd / st.bwd_s
+    st.fwd_s, st.bwd_s = fwd, bwd
 
 
 def tp_in_place(ops, times: Times, stage: int, bound: str):
@@ -397,6 +417,11 @@ def stage_times(workload_ops, comm_ops, par, times: Times, bound: str) -> list:
     out = _stage_compute(workload_ops, par, times, bound)
     _stage_comm(out, comm_ops, par, times, bound)
     for s, st in enumerate(out):
+        pipe = pp_in_place(workload_ops, times, s, bound)
+        if pipe is not None:
+            _apply_pp_in_place(st, *pipe)
+            times.notes.setdefault(("pp in place", s), f"stage {s}: its micro-batch timed inside the plan's "
+                                   f"pipeline ({pipe[0] * 1e3:.3f} ms fwd, {pipe[1] * 1e3:.3f} ms bwd)")
         found = tp_in_place(workload_ops, times, s, bound)
         if found is not None:
             whole, exact = found

@@ -391,6 +391,12 @@ def _tied_allreduce(spec: ModelSpec, par: Parallelism, chunks: list):
 def _pipeline_step(spec: ModelSpec, par: Parallelism, mesh, dev, seed: int):
     """One optimizer step of torch.distributed.pipelining: this rank's stage (or
     interleave chunks), each parallelized like a whole model."""
+    return pipeline(spec, par, mesh, dev, seed)[0]
+
+
+def pipeline(spec: ModelSpec, par: Parallelism, mesh, dev, seed: int) -> tuple:
+    """(one optimizer step of the pipeline, this rank's PipelineStages, one per
+    interleave chunk, virtual stage c * pp + the rank's pp index)."""
     from torch.distributed.pipelining import PipelineStage
     from torch.distributed.pipelining.schedules import PipelineScheduleMulti
     pp_i, v, nvirt = mesh["pp"].get_local_rank(), par.interleave, par.pp * par.interleave
@@ -414,7 +420,7 @@ def _pipeline_step(spec: ModelSpec, par: Parallelism, mesh, dev, seed: int):
         tied()
         opt.step()
         return torch.stack([_plain(t.detach()) for t in losses]).mean() if losses else None
-    return step
+    return step, stages
 
 
 # --- timing -------------------------------------------------------------------------------------

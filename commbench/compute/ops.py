@@ -413,6 +413,33 @@ def tp_stage_ops(model: ModelSpec, par: Parallelism, flavour: str) -> list:
     return ops
 
 
+def pipeline_stage_ops(model: ModelSpec, par: Parallelism) -> list:
+    """Each virtual stage's micro-batch forward and backward timed inside the
+    pipeline that runs them (compute/pipeline_stage.py; kind 'other', scope
+    'pp_stage', stage = the pp rank that holds it, counted m times a step):
+    torch.distributed.pipelining's own forward_one_chunk / backward_one_chunk
+    in the plan's schedule, with the other micro-batches' activations alive and
+    the peers computing. Only for a pure pipeline (pp > 1, tp = dp = 1) without
+    recompute: there nothing else runs inside a chunk (no TP collectives, no
+    DDP reduction in the last micro-batch's backward)."""
+    if par.pp == 1 or par.tp > 1 or par.dp > 1 or par.recompute != "none":
+        return []
+    layer = layer_ops(model, par, 1)
+    nvirt = par.pp * par.interleave
+    plan = json.dumps({"world": par.world, "pp": par.pp, "micro_batch": par.micro_batch,
+                       "global_batch": par.global_batch, "seq": par.seq_for(model), "dtype": par.dtype,
+                       "schedule": par.schedule, "interleave": par.interleave}, sort_keys=True)
+    common = dict(_layer_shape(model, par), plan=plan, model=json.dumps(asdict(model), sort_keys=True))
+    ops = []
+    for k in range(nvirt):
+        work = layer * (model.num_layers // nvirt) + (embedding_ops(model, par, 1) if k == 0 else []) + \
+            (head_ops(model, par, 1) if k == nvirt - 1 else [])
+        for phase in ("fwd", "bwd"):
+            ops.append(_module_op(f"virtual stage {k} {phase} (in the pipeline)", f"pipeline_{phase}", work, phase,
+                                  par.num_microbatches, "pp_stage", k % par.pp, dict(common, chunk=k), par.dtype))
+    return ops
+
+
 def compute_ops(model: ModelSpec, par: Parallelism, tp_flavour: str = "megatron") -> list:
     """Every ComputeOp of one optimizer step, per rank: the layer ops (stage -1:
     every stage runs L/pp layers), stage 0's embedding, the last stage's head,
@@ -420,10 +447,11 @@ def compute_ops(model: ModelSpec, par: Parallelism, tp_flavour: str = "megatron"
     (an alternative granularity, not extra work), the data-parallel
     framework's own work (framework_ops), and each stage's micro-batch with its
     tensor parallelism in place (tp_stage_ops; tp_flavour: whose
-    implementation) and with ZeRO-2/3's FSDP in place (fsdp_stage_ops).
+    implementation), with ZeRO-2/3's FSDP in place (fsdp_stage_ops), and each
+    virtual stage inside a pure pipeline (pipeline_stage_ops).
     Counts are per optimizer step."""
     m = par.num_microbatches
     layers = model.num_layers // par.pp
     return (layer_ops(model, par, layers * m) + embedding_ops(model, par, m) + head_ops(model, par, m)
             + optimizer_ops(model, par) + module_ops(model, par, layers * m, m) + framework_ops(model, par)
-            + tp_stage_ops(model, par, tp_flavour) + fsdp_stage_ops(model, par))
+            + tp_stage_ops(model, par, tp_flavour) + fsdp_stage_ops(model, par) + pipeline_stage_ops(model, par))

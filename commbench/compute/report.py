@@ -17,7 +17,8 @@ SCOPES = (("layer", "transformer layer, kernel by kernel (one micro-batch)"),
           ("head_module", "head as one module (last stage)"),
           ("stage_module", "each pipeline stage as one module (one micro-batch)"), ("optimizer", "optimizer step"),
           ("framework", "data-parallel framework on a rank alone, bare and wrapped"),
-          ("tp_stage", "each stage's micro-batch with its tensor parallelism in place"))
+          ("tp_stage", "each stage's micro-batch with its tensor parallelism in place"),
+          ("pp_stage", "each virtual stage inside the plan's pipeline (one micro-batch)"))
 # tables whose ops are counted differently from one another: no "x count" in the title
 UNCOUNTED = ("optimizer", "framework")
 

@@ -220,15 +220,24 @@ def run(workload_ops, launch, device, settings, out_path, overwrite, argv, flush
         writer = results.open_on_rank0(backend.rank, backend.control_bcast, out_path, header, overwrite)
         timer = PerCallTimer(backend, torch, device, flush_l2)
         todo = distinct_cases(workload_ops, device, "torch", backend.world_size)
-        from commbench.compute import framework, fsdp_stage, tp_stage
+        from commbench.compute import framework, fsdp_stage, pipeline_stage, tp_stage
+        pipelines = pipeline_stage.plans([(c, op) for c, op in todo if op.impl in pipeline_stage.IMPLS])
+        todo = [(c, op) for c, op in todo if op.impl not in pipeline_stage.IMPLS]
         framework.prepare_groups([op for _, op in todo], backend.world_size)   # collective: every rank
         for tp in tp_stage.group_sizes([op for _, op in todo], backend.world_size):
             tp_stage.tp_group(tp)       # collective too
         fsdp_stage.make_groups([op for _, op in todo], backend.world_size)     # collective too
         result = ResultFile(header=header, measurements=[], path=out_path)
         if reporter and backend.rank == 0:
-            reporter.start(len(todo))
+            reporter.start(len(todo) + sum(map(len, pipelines)))
         on_host = hosts.count(hosts[backend.rank])
+
+        def keep(m):
+            if backend.rank == 0:
+                writer.append(m)
+                result.measurements.append(m)
+                if reporter:
+                    reporter.advance(m)
         try:
             with watchdog.Guard("compute", backend, hosts, run_id, out_path, timeout_s) as guard:
                 for case, op in todo:
@@ -236,11 +245,16 @@ def run(workload_ops, launch, device, settings, out_path, overwrite, argv, flush
                     with guard.step(describe(case, backend.world_size), 2 * bound):
                         m = measure(backend, timer, case, op, settings, hosts, torch, device, on_host,
                                     on_phase=guard.on_phase(bound))
-                    if backend.rank == 0:
-                        writer.append(m)
-                        result.measurements.append(m)
-                        if reporter:
-                            reporter.advance(m)
+                    keep(m)
+                for items in pipelines:
+                    # whole steps of the plan's pipeline: at most max_iters calls of a chunk after
+                    # (warmup + 3) steps of m calls, plus the set-up
+                    bound = sum(call_s(op, timer) * (settings.max_iters + (settings.warmup + 3) * op.count)
+                                for _, op in items)
+                    with guard.step(f"compute pipeline_fwd/bwd of {len(items) // 2} virtual stages in the plan's "
+                                    f"schedule on ranks 0-{backend.world_size - 1}", 2 * bound + 60.0):
+                        for m in pipeline_stage.measure(backend, items, settings, device, hosts):
+                            keep(m)
         finally:
             if writer:
                 writer.close()

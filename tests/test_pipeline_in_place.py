@@ -1,0 +1,91 @@
+"""A pure pipeline's stages timed inside the pipeline: which plans get the ops,
+how the predictor takes them for the stages' forward and backward
+(hand-computed 1F1B), and real timings of torch pipelining on two gloo ranks,
+skipped where the job is not the plan's world."""
+import pytest
+
+from commbench import models, predict
+from commbench.compute import ops as compute_ops
+from commbench.parallel import Parallelism
+from commbench.workload import ComputeOp
+from conftest import compute_measurements
+from test_framework_overhead import MeasuredTable
+from test_predict import adam, layer_ops, workload
+
+TINY = models.get("tiny-gpt")
+
+
+def _ops(**kw):
+    return compute_ops.pipeline_stage_ops(TINY, Parallelism(**kw))
+
+
+def test_ops_for_each_virtual_stage_of_a_pure_pipeline():
+    ops = _ops(world=2, pp=2, global_batch=4, interleave=2, schedule="interleaved")
+    assert [(dict(o.params)["chunk"], o.stage, o.impl) for o in ops] == [
+        (k, k % 2, f"pipeline_{ph}") for k in range(4) for ph in ("fwd", "bwd")]
+    assert all(o.count == 4 and o.scope == "pp_stage" for o in ops)
+    # chunk 0 holds the embedding, the last chunk the head: more FLOPs than a middle chunk
+    fwd = [o.flops for o in ops if o.phase == "fwd"]
+    assert fwd[1] == fwd[2] < fwd[0] and fwd[1] < fwd[3]
+    assert set(ops) <= set(compute_ops.compute_ops(TINY, Parallelism(world=2, pp=2, global_batch=4, interleave=2,
+                                                                     schedule="interleaved")))
+    # no pipeline, tensor or data parallelism beside it, recompute: none
+    for kw in (dict(world=2), dict(world=4, gpus_per_node=4, pp=2, tp=2), dict(world=4, pp=2),
+               dict(world=2, pp=2, recompute="full")):
+        assert _ops(global_batch=8, **kw) == [], kw
+
+
+def chunk(name, k, phase, m):
+    return ComputeOp(name, "other", count=m, phase=phase, impl=f"pipeline_{phase}", stage=k, scope="pp_stage",
+                     params=(("chunk", k),))
+
+
+def test_timed_chunks_replace_the_stages_forward_and_backward():
+    """pp = 2, m = 4: layers timed in a loop 1 / 2 per micro-batch on each stage;
+    inside the pipeline stage 0 took 1.5 / 2.5 and stage 1 1.2 / 3. 1F1B on two
+    stages: the step is m x (the slower stage's f + b) + the other's f + b, the
+    slower being stage 1 (4.2 against 4.0): 4 x 4.2 + 4.0 = 20.8, + Adam 0.5."""
+    m = 4
+    par = Parallelism(world=2, gpus_per_node=2, pp=2, global_batch=m)
+    pipe = [chunk("s0 f", 0, "fwd", m), chunk("s0 b", 0, "bwd", m), chunk("s1 f", 1, "fwd", m),
+            chunk("s1 b", 1, "bwd", m)]
+    table = {"layer fwd": 1.0, "layer bwd": 2.0, "adam": 0.5, "s0 f": 1.5, "s0 b": 2.5, "s1 f": 1.2, "s1 b": 3.0}
+    w = workload(par, layer_ops(m) + [adam(0), adam(1)] + pipe, [])
+    sb = predict.predict(w, par, MeasuredTable(table, {}))
+    assert sb.step_time_s == pytest.approx(m * 4.2 + 4.0 + 0.5)
+    assert any("timed inside the plan's pipeline (1500.000 ms fwd, 2500.000 ms bwd)" in n for n in sb.notes)
+    # stage 1's chunks not all measured: its loop timings (1 / 2), stage 0's chunks
+    # (1.5 / 2.5). By hand, stage 0: F0 0-1.5, F1 -3, B0 4.5-7 (stage 1's B0 ends at
+    # 4.5), F2 -8.5, B1 -11, F3 -12.5, B2 -15, B3 15.5-18 (stage 1's B3 13.5-15.5)
+    del table["s1 b"]
+    sb = predict.predict(w, par, MeasuredTable(table, {}))
+    assert sb.step_time_s == pytest.approx(18.0 + 0.5)
+    # none measured: the loop timings alone, (m + 1) x 3
+    for k in ("s0 f", "s0 b", "s1 f"):
+        del table[k]
+    sb = predict.predict(w, par, MeasuredTable(table, {}))
+    assert sb.step_time_s == pytest.approx((m + 1) * 3.0 + 0.5)
+
+
+def test_timed_inside_torch_pipelining_on_two_gloo_ranks(tmp_path):
+    ms = compute_measurements(tmp_path, "--model", "tiny-gpt", "--nprocs", "2", "--pp", "2", "--global-batch", "4",
+                              iters=3)
+    mine = {(m.case.params["chunk"], m.case.op): m for m in ms if m.case.op.startswith("pipeline_")}
+    assert set(mine) == {(k, f"pipeline_{ph}") for k in (0, 1) for ph in ("fwd", "bwd")}
+    for (k, _), m in mine.items():
+        assert m.status == "ok"
+        # at least 3 whole steps of 4 micro-batches, each call timed on the rank holding the chunk alone
+        assert len(m.samples_s) >= 12 and len(m.samples_s) % 4 == 0
+        assert [len(s) > 0 for s in m.rank_samples_s] == [r == k for r in (0, 1)]
+        assert m.samples_s == m.rank_samples_s[k] and m.slowest_rank == k
+    # a backward does about twice a forward's work
+    for k in (0, 1):
+        assert mine[(k, "pipeline_bwd")].stats["time_p50_s"] > mine[(k, "pipeline_fwd")].stats["time_p50_s"]
+
+
+def test_skipped_where_the_job_is_not_the_plans_world(tmp_path):
+    ms = compute_measurements(tmp_path, "--model", "tiny-gpt", "--nprocs", "1", "--world", "2", "--pp", "2",
+                              "--global-batch", "4", iters=2)
+    mine = [m for m in ms if m.case.op.startswith("pipeline_")]
+    assert len(mine) == 4 and all(m.status == "skipped" for m in mine)
+    assert "needs the plan's 2 ranks to run its pipeline, the job has 1" in mine[0].skip_reason
