@@ -1,19 +1,21 @@
 """A pipeline's stages timed inside the pipeline: the plan's real
 torch.distributed.pipelining schedule (training.pipeline, as `validate` trains
-it) runs whole optimizer steps over the job's ranks, and each call of a
-stage's forward_one_chunk and backward_one_chunk is timed on the rank that
-holds it. A chunk so timed runs as a step runs it: the other micro-batches'
-activations alive, the peer stages computing at the same time, the
-schedule's own per-chunk work included; waits for the peers' activations and
-gradients are outside it (they are the bubble and the p2p the predictor
-composes). On this project's 2-core CPU machine small-gpt's stage 0 chunks
-took 4.12 / 6.91 ms (fwd / bwd p50) in the pipeline against 3.69 / 6.30 ms
-for the same stage timed in a loop (commbench compute, the same hour).
+it) runs whole optimizer steps over the job's ranks, and each rank's busy time
+inside the schedule is split over the chunks it ran (ChunkClock): a chunk's
+forward_one_chunk or backward_one_chunk as the step runs it (the other
+micro-batches' activations alive, the peer stages computing at the same
+time) plus the schedule's own work around it (posting its sends and
+receives, the last stage's loss). Waits for the peers' activations and
+gradients are outside it: they are the bubble and the p2p the predictor
+composes. On this project's 2-core CPU machine small-gpt's stage 0 chunks took
+4.12 / 6.91 ms (fwd / bwd p50, the chunk calls alone) in the pipeline against
+3.69 / 6.30 ms for the same stage timed in a loop (commbench compute, the
+same hour); tiny-gpt's stages spent 0.7-1.5 ms a step of 4 micro-batches
+outside the chunks and the waits.
 
 The ops are those of compute.ops.pipeline_stage_ops (a pure pipeline: pp > 1,
 tp = dp = 1, no recompute); they need the job to be the plan's world, else
-they are skipped with the reason. On a GPU each chunk is timed between two
-device synchronizations: its own compute, without overlap with the p2p."""
+they are skipped with the reason."""
 import json
 import math
 import time
@@ -49,54 +51,105 @@ def _setup_error(backend, op) -> str | None:
     return None
 
 
-def _timed(fn, key, own, sync):
-    def call(*args, **kwargs):
-        sync()
-        t0 = time.perf_counter()
-        out = fn(*args, **kwargs)
-        sync()
-        own.setdefault(key, []).append(time.perf_counter() - t0)
-        return out
-    return call
+class ChunkClock:
+    """A rank's busy time inside the schedule, split over its chunks. The host
+    is busy between two waits for the peers (torch pipelining's
+    _wait_batch_p2p): a chunk's forward or backward and the schedule's own
+    work around it (posting its sends and receives, the last stage's loss);
+    each such segment is shared among the chunks that ran in it in proportion
+    to their own durations (a segment without a chunk goes to the next one).
+    On a GPU, each chunk and each wait is bounded by device synchronizations."""
+
+    def __init__(self, sync):
+        self.sync, self.samples = sync, {}
+        self.start, self.carry, self.chunks = None, 0.0, []
+
+    def begin(self):
+        self.sync()
+        self.start, self.chunks = time.perf_counter(), []
+
+    def clear(self):
+        self.samples, self.carry = {}, 0.0
+
+    def end(self):
+        """Close the segment running now (at a wait, or the end of the step)."""
+        if self.start is None:
+            return
+        self.sync()
+        total = time.perf_counter() - self.start + self.carry
+        own = sum(d for _, d in self.chunks)
+        if self.chunks:
+            for key, d in self.chunks:
+                share = d / own if own > 0 else 1.0 / len(self.chunks)
+                self.samples.setdefault(key, []).append(total * share)
+            self.carry = 0.0
+        else:
+            self.carry = total
+        self.start, self.chunks = None, []
+
+    def chunk(self, fn, key):
+        def call(*args, **kwargs):
+            self.sync()
+            t0 = time.perf_counter()
+            out = fn(*args, **kwargs)
+            self.sync()
+            self.chunks.append((key, time.perf_counter() - t0))
+            return out
+        return call
+
+    def around(self, fn, before, after):
+        def call(*args, **kwargs):
+            before()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                after()
+        return call
 
 
 def run_steps(backend, items, settings, device) -> dict:
     """Run the plan's pipeline for warmup + n steps on every rank; this rank's
-    chunk durations {(virtual stage, "fwd"|"bwd"): [seconds per call]} after
-    the warmup. n: at least 3 steps and settings.iters calls of a chunk, then
-    more while the time budget (settings.time_budget_s per op) lasts, at most
-    settings.max_iters calls; rank 0 decides, so every rank runs as many."""
+    chunk times {(virtual stage, "fwd"|"bwd"): [seconds per call]} after the
+    warmup (ChunkClock). n: at least 3 steps and settings.iters calls of a
+    chunk, then more while the time budget (settings.time_budget_s per op)
+    lasts, at most settings.max_iters calls; rank 0 decides, so every rank runs
+    as many."""
     import torch
     import torch.distributed as dist
+    import torch.distributed.pipelining.schedules as schedules
     from torch.distributed.device_mesh import init_device_mesh
 
     from commbench import training
     spec, par = _plan(items[0][1])
     dev = torch.device(backend.torch_device if device == "cuda" else "cpu")
     mesh = init_device_mesh(dev.type, (par.pp, par.dp, par.tp), mesh_dim_names=("pp", "dp", "tp"))
-    step, stages = training.pipeline(spec, par, mesh, dev, seed=0)
-    own = {}
-    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    step, stages, sched = training.pipeline(spec, par, mesh, dev, seed=0)
+    clock = ChunkClock((lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None))
     for st in stages:
-        st.forward_one_chunk = _timed(st.forward_one_chunk, (st.stage_index, "fwd"), own, sync)
-        st.backward_one_chunk = _timed(st.backward_one_chunk, (st.stage_index, "bwd"), own, sync)
-    for _ in range(max(1, settings.warmup)):
-        dist.barrier()
-        step()
-    own.clear()
-    m = par.num_microbatches
-    least = max(3, math.ceil(settings.iters / m))
-    most = max(least, settings.max_iters // m)
-    budget, t0, done = settings.time_budget_s * len(items), time.perf_counter(), 0
-    while True:
-        dist.barrier()
-        step()
-        sync()
-        done += 1
-        more = done < least or (done < most and time.perf_counter() - t0 < budget)
-        if not backend.control_bcast(more):
-            break
-    return own
+        st.forward_one_chunk = clock.chunk(st.forward_one_chunk, (st.stage_index, "fwd"))
+        st.backward_one_chunk = clock.chunk(st.backward_one_chunk, (st.stage_index, "bwd"))
+    sched._step_microbatches = clock.around(sched._step_microbatches, clock.begin, clock.end)
+    wait = schedules._wait_batch_p2p
+    schedules._wait_batch_p2p = clock.around(wait, clock.end, clock.begin)
+    try:
+        for _ in range(max(1, settings.warmup)):
+            dist.barrier()
+            step()
+        clock.clear()
+        m = par.num_microbatches
+        least = max(3, math.ceil(settings.iters / m))
+        most = max(least, settings.max_iters // m)
+        budget, t0, done = settings.time_budget_s * len(items), time.perf_counter(), 0
+        while True:
+            dist.barrier()
+            step()
+            done += 1
+            more = done < least or (done < most and time.perf_counter() - t0 < budget)
+            if not backend.control_bcast(more):
+                break
+    finally:
+        schedules._wait_batch_p2p = wait
+    return clock.samples
 
 
 def measure(backend, items, settings, device, hosts) -> list:
