@@ -22,9 +22,26 @@ def clean_env(**extra):
 
 
 def commbench(*args, launcher=(), env=None, timeout=240, cwd=None):
-    """Run `[launcher] python -m commbench ARGS` and return the CompletedProcess."""
+    """Run `[launcher] python -m commbench ARGS` and return the CompletedProcess.
+
+    Under mpiexec, a job that MPICH's hydra ended with a rank "Killed (signal
+    9)" and nothing on stderr is run once more, with a warning carrying the
+    first run's report: the project's CI saw this twice in MPI sweeps on 4
+    ranks (exit 9, empty stderr), never reproduced on the development machine
+    in over a hundred runs. A second such ending fails the test."""
     cmd = [*launcher, sys.executable, "-m", "commbench", *map(str, args)]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env or clean_env(), cwd=cwd)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env or clean_env(), cwd=cwd)
+    if launcher and launcher[0] == MPIEXEC and p.returncode == 9 and "signal 9" in p.stdout and not p.stderr:
+        import warnings
+        warnings.warn(f"mpiexec ended a rank with SIGKILL; ran again: {p.stdout[-1500:]}")
+        argv = [str(a) for a in args]
+        for flag in ("--out", "--out-dir"):         # what the killed job left: the test's own path
+            if flag in argv:
+                import shutil
+                target = Path(cwd or ".", argv[argv.index(flag) + 1])
+                shutil.rmtree(target, ignore_errors=True) if target.is_dir() else target.unlink(missing_ok=True)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env or clean_env(), cwd=cwd)
+    return p
 
 
 def compute_measurements(tmp_path, *flags, iters=3):
