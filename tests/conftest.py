@@ -22,25 +22,32 @@ def clean_env(**extra):
 
 
 def commbench(*args, launcher=(), env=None, timeout=240, cwd=None):
-    """Run `[launcher] python -m commbench ARGS` and return the CompletedProcess.
-
-    Under mpiexec, a job that MPICH's hydra ended with a rank "Killed (signal
-    9)" and nothing on stderr is run once more, with a warning carrying the
-    first run's report: the project's CI saw this twice in MPI sweeps on 4
-    ranks (exit 9, empty stderr), never reproduced on the development machine
-    in over a hundred runs. A second such ending fails the test."""
+    """Run `[launcher] python -m commbench ARGS` and return the CompletedProcess
+    (run_job: an mpiexec job that hydra ended with a killed rank runs again)."""
     cmd = [*launcher, sys.executable, "-m", "commbench", *map(str, args)]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env or clean_env(), cwd=cwd)
-    if launcher and launcher[0] == MPIEXEC and p.returncode == 9 and "signal 9" in p.stdout and not p.stderr:
+    return run_job(cmd, env=env, timeout=timeout, cwd=cwd)
+
+
+def run_job(cmd, env=None, timeout=240, cwd=None):
+    """subprocess.run(cmd), captured. Under mpiexec, a job that MPICH's hydra
+    ended with a rank "Killed (signal 9)" and nothing on stderr is run once
+    more, with a warning carrying the first run's report, after removing what
+    the killed job left at its --out / --out-dir: the project's CI saw this in
+    4-rank MPI sweeps (exit 9, empty stderr), which the development machine
+    never showed when they ran alone. A second such ending fails the test."""
+    def once():
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env or clean_env(), cwd=cwd)
+    p = once()
+    if cmd[0] == MPIEXEC and p.returncode == 9 and "signal 9" in p.stdout and not p.stderr:
+        import shutil
         import warnings
         warnings.warn(f"mpiexec ended a rank with SIGKILL; ran again: {p.stdout[-1500:]}")
-        argv = [str(a) for a in args]
-        for flag in ("--out", "--out-dir"):         # what the killed job left: the test's own path
-            if flag in argv:
-                import shutil
-                target = Path(cwd or ".", argv[argv.index(flag) + 1])
+        argv = [str(a) for a in cmd]
+        for i, a in enumerate(argv[:-1]):
+            if a in ("--out", "--out-dir"):         # what the killed job left: the test's own path
+                target = Path(cwd or ".", argv[i + 1])
                 shutil.rmtree(target, ignore_errors=True) if target.is_dir() else target.unlink(missing_ok=True)
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env or clean_env(), cwd=cwd)
+        p = once()
     return p
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from busbw import expected_bandwidths, expected_nbytes
 from commbench import results
-from conftest import BIN, FAST, clean_env, commbench, mpiexec
+from conftest import BIN, FAST, MPIEXEC, clean_env, commbench, mpiexec, run_job
 
 ALL = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all",
        "send_recv", "send_recv_bidir", "barrier"]
@@ -163,12 +163,11 @@ def test_group_layouts_on_two_emulated_nodes(tmp_path):
     cmd = ["-m", "commbench", "run", "--backend", "mpi", "--collective", "all_reduce,send_recv",
            "--groups", "world,intra,inter,MOD 2,DIV 2", "-b", "1K", "-e", "1K", *FAST,
            "--keep-rank-samples", "--out", str(out)]
-    import subprocess
     import sys
-    launcher = [str(BIN / "mpiexec"), "-n", "2", "-env", "COMMBENCH_HOSTNAME", "nodeA", sys.executable, *cmd,
+    launcher = [MPIEXEC, "-n", "2", "-env", "COMMBENCH_HOSTNAME", "nodeA", sys.executable, *cmd,
                 ":", "-n", "2", "-env", "COMMBENCH_HOSTNAME", "nodeB", sys.executable, *cmd]
-    p = subprocess.run(launcher, capture_output=True, text=True, timeout=240, env=clean_env(), cwd=tmp_path)
-    assert p.returncode == 0, p.stderr
+    p = run_job(launcher, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr + p.stdout[-3000:]
     rf = results.load(str(out))
     assert rf.header["cluster"]["hosts"] == ["nodeA", "nodeB"]
     got = {(m.case.op, m.case.axis): (m.case.group_size, m.case.concurrent_groups, m.case.num_nodes)
