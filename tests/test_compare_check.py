@@ -240,11 +240,15 @@ def two_real_runs(tmp_path_factory):
 
 def test_check_on_real_runs(cb, two_real_runs, tmp_path):
     r1, r2 = two_real_runs
-    # the same machine twice: no regression. The factor is very generous (10) because this test shares
-    # two CPU cores with other jobs: a 5x p50 shift of one 20-sample case was seen under such load, and
-    # the gate rightly flagged it at --factor 2.
-    r = cb("check", "--baseline", r1, r2, "--factor", 10)
-    assert r.returncode == 0, r.stdout + r.stderr
+    # the same machine twice: a case fails only beyond the factor, and the exit status follows the cases.
+    # No verdict is asserted: this test shares two CPU cores with other jobs, and 1 KiB all_reduce's
+    # p50 over 20 samples has moved 5x and (in a fresh-clone CI run) 12x between two such runs
+    r = cb("check", "--baseline", r1, r2, "--factor", 10, "--json")
+    doc = json.loads(r.stdout)
+    assert doc["common_cases"] == 4
+    flagged = [c for c in doc["cases"] if c["verdict"] == "slower"]
+    assert all(c["ratio"] > 10 for c in flagged), flagged
+    assert r.returncode == (1 if flagged else 0), r.stdout + r.stderr
     # a crafted copy with every raw sample 3x slower is flagged, for every case
     rf = results.load(str(r1))
     slow = []
