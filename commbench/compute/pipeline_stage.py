@@ -97,14 +97,16 @@ class ChunkClock:
             return out
         return call
 
-    def around(self, fn, before, after):
-        def call(*args, **kwargs):
-            before()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                after()
-        return call
+
+def _around(fn, before, after):
+    """fn, with before() ahead of every call and after() behind it."""
+    def call(*args, **kwargs):
+        before()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            after()
+    return call
 
 
 def run_steps(backend, items, settings, device) -> dict:
@@ -128,9 +130,9 @@ def run_steps(backend, items, settings, device) -> dict:
     for st in stages:
         st.forward_one_chunk = clock.chunk(st.forward_one_chunk, (st.stage_index, "fwd"))
         st.backward_one_chunk = clock.chunk(st.backward_one_chunk, (st.stage_index, "bwd"))
-    sched._step_microbatches = clock.around(sched._step_microbatches, clock.begin, clock.end)
+    sched._step_microbatches = _around(sched._step_microbatches, clock.begin, clock.end)
     wait = schedules._wait_batch_p2p
-    schedules._wait_batch_p2p = clock.around(wait, clock.end, clock.begin)
+    schedules._wait_batch_p2p = _around(wait, clock.end, clock.begin)
     try:
         for _ in range(max(1, settings.warmup)):
             dist.barrier()
