@@ -417,9 +417,10 @@ def pipeline_stage_ops(model: ModelSpec, par: Parallelism) -> list:
     """Each virtual stage's micro-batch forward and backward timed inside the
     pipeline that runs them (compute/pipeline_stage.py; kind 'other', scope
     'pp_stage', stage = the pp rank that holds it, counted m times a step):
-    torch.distributed.pipelining's own forward_one_chunk / backward_one_chunk
-    in the plan's schedule, with the other micro-batches' activations alive and
-    the peers computing. Only for a pure pipeline (pp > 1, tp = dp = 1) without
+    its share of the rank's busy time between waits for the peers in the
+    plan's own torch.distributed.pipelining schedule (forward_one_chunk /
+    backward_one_chunk and the schedule's work around them), with the other
+    micro-batches' activations alive and the peers computing. Only for a pure pipeline (pp > 1, tp = dp = 1) without
     recompute: there nothing else runs inside a chunk (no TP collectives, no
     DDP reduction in the last micro-batch's backward)."""
     if par.pp == 1 or par.tp > 1 or par.dp > 1 or par.recompute != "none":
