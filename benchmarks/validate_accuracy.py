@@ -4,12 +4,15 @@ job's own measured collectives and kernels. Prints one row per run and the
 median and worst absolute error of the step time.
 
     .venv/bin/python benchmarks/validate_accuracy.py [--models tiny-gpt,small-gpt] [--steps 10]
-        [--only ddp,tp] [--keep DIR] [--emulate 200mbit]
+        [--only ddp,tp] [--keep DIR] [--emulate 200mbit] [--rounds R] [--time-budget S] [--repeat N]
 
 --emulate RATE runs every validation on an emulated two-node cluster (`commbench
 emulate --nodes 2`, root): the ranks split evenly over the two nodes, whose link
 is shaped to RATE, so data-parallel traffic (and, on 2 ranks, tensor-parallel and
 pipeline traffic too) crosses the slow network.
+
+--rounds R and --time-budget S are passed to every `validate`: R rounds of
+measuring then training within each run, S seconds per measured case and round.
 
 --repeat N runs every validation N times and gives each row the median of its
 runs' errors as well (this VM's run-to-run spread is as large as the errors).
@@ -39,8 +42,9 @@ PLANS = [
 ]
 
 
-def run(model, ranks, flags, steps, out_dir, emulate=None):
+def run(model, ranks, flags, steps, out_dir, emulate=None, rounds=1, time_budget=0.5):
     validate = ["validate", "--model", model, "--device", "cpu", "--steps", str(steps), "--warmup-steps", "2",
+                "--rounds", str(rounds), "--time-budget", str(time_budget),
                 "--out-dir", str(out_dir), "--force", "--json", *flags]
     if emulate:
         cmd = [sys.executable, "-m", "commbench", "emulate", "--nodes", "2", "--ranks-per-node", str(ranks // 2),
@@ -62,12 +66,16 @@ def main():
     ap.add_argument("--keep", default=None, help="keep every run's files under this directory")
     ap.add_argument("--emulate", default=None, metavar="RATE",
                     help="run on an emulated 2-node cluster whose link is shaped to RATE (e.g. 200mbit; root)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="validate --rounds: alternate measuring and training this many times within each run")
+    ap.add_argument("--time-budget", type=float, default=0.5, help="validate --time-budget (seconds per case)")
     ap.add_argument("--repeat", type=int, default=1,
                     help="run each validation this many times; each row's error is then the median of its runs'")
     a = ap.parse_args()
     only = set(a.only.split(",")) if a.only else None
     root = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="commbench-accuracy-"))
     errors, row_errors = [], []
+    print(f"validate --steps {a.steps} --rounds {a.rounds} --time-budget {a.time_budget}")
     if a.emulate:
         print(f"emulated cluster: 2 nodes, inter-node link {a.emulate}")
     print(f"{'model':<10} {'plan':<7} {'ranks':>5} {'measured ms':>12} {'predicted ms':>13} {'band ms':>17} "
@@ -79,7 +87,7 @@ def main():
             mine = []
             for i in range(a.repeat):
                 out = root / f"{model}-{name}-{ranks}" / (f"run{i + 1}" if a.repeat > 1 else "")
-                doc, err = run(model, ranks, flags, a.steps, out, a.emulate)
+                doc, err = run(model, ranks, flags, a.steps, out, a.emulate, a.rounds, a.time_budget)
                 if doc is None:
                     print(f"{model:<10} {name:<7} {ranks:>5}  failed: {err}")
                     continue

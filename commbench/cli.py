@@ -162,6 +162,14 @@ def build_parser() -> Parser:
                    help="tensor parallelism that runs: megatron (plain torch, Megatron's collectives), dtensor "
                         "(torch DTensor), or auto (default: megatron where it can, i.e. without SP or pp)")
     g.add_argument("--warmup-steps", type=int, default=2, help="untimed training steps first (default 2)")
+    g.add_argument("--rounds", type=int, default=1,
+                   help="alternate measuring and training this many times, the steps shared among the rounds "
+                        "(default 1)")
+    g.add_argument("--time-budget", type=float, default=0.5,
+                   help="seconds per measured collective and kernel, per round, to reach +-2%% on its mean "
+                        "(default 0.5)")
+    g.add_argument("--max-iters", type=int, default=2000,
+                   help="iteration cap per measured collective and kernel (default 2000)")
     g.add_argument("--timeout", type=float, default=None,
                    help="seconds a rank may wait for the others beyond each phase's own bound (default: as run's "
                         "and compute's); past it the job ends with status 124")
@@ -371,7 +379,7 @@ def cmd_compute(a, argv) -> int:
     from commbench import plan as plan_mod
     from commbench.compute import report, runner
     model, par = planflags.from_args(a, {"world": info.world_size, "gpus_per_node": info.local_world_size})
-    launch_mod.set_cpu_threads(info, device)
+    launch_mod.setup_cpu_rank(info, device)
     ops = plan_mod.build(model, par).compute_ops
     progress = report.ComputeProgress(a.quiet or a.json) if info.rank == 0 else None
     if progress:
@@ -479,6 +487,9 @@ def cmd_validate(a, argv) -> int:
     if a.steps < 1 or a.warmup_steps < 0:
         raise ValueError(f"--steps must be >= 1 and --warmup-steps >= 0, got {a.steps} and {a.warmup_steps}")
     check_timeout(a.timeout)
+    from commbench import validate
+    timing = validate.timing_settings(a.time_budget, a.max_iters)
+    validate.round_steps(a.steps, a.rounds)
     if a.device not in ("auto", "cpu", "cuda"):
         raise ValueError(f"unknown device {a.device!r}: choose cpu, cuda or auto")
     info = launch_mod.detect()
@@ -500,16 +511,15 @@ def cmd_validate(a, argv) -> int:
         _out_dir(out_dir, create=True)
         child = list(argv) if a.out_dir else [*argv, "--out-dir", out_dir]
         return launch_mod.spawn_local(nprocs, child, use_mpiexec=False)
-    from commbench import validate
     device = _device(a.device, "torch")
     model, par = _validate_plan(a, info.world_size, info.local_world_size, device)
     out_dir = a.out_dir or os.path.join("results", "validate-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
     _out_dir(out_dir, create=info.rank == 0)
-    launch_mod.set_cpu_threads(info, device)
+    launch_mod.setup_cpu_rank(info, device)
     from commbench import watchdog
     doc = watchdog.interruptible(info.rank, out_dir, lambda: validate.run_on_rank(
         model, par, info, device, a.steps, a.warmup_steps, out_dir, ["commbench", *argv], overwrite=a.force,
-        timeout_s=a.timeout, tp_impl=validate.tp_impl_for(model, par, a.tp_impl)))
+        timeout_s=a.timeout, timing=timing, tp_impl=validate.tp_impl_for(model, par, a.tp_impl), rounds=a.rounds))
     if doc is None:
         return EXIT_OK
     path = validate.write(doc, out_dir, overwrite=a.force)
@@ -524,6 +534,11 @@ def cmd_validate(a, argv) -> int:
     con.print(f"measured {doc['measured_step_time_s'] * 1e3:.2f} ms per step (median of {len(doc['measured_steps_s'])}; "
               f"{doc['measured_min_s'] * 1e3:.2f} - {doc['measured_max_s'] * 1e3:.2f} ms)   "
               f"predicted {doc['predicted_step_time_s'] * 1e3:.2f} ms   error {doc['error_pct']:+.1f} %")
+    if len(doc["rounds"]) > 1:
+        for r in doc["rounds"]:
+            con.print(f"  round {r['round']}: measured {r['measured_step_time_s'] * 1e3:.2f} ms (median of "
+                      f"{len(r['measured_steps_s'])})   predicted from its own measurements "
+                      f"{r['predicted_step_time_s'] * 1e3:.2f} ms   error {r['error_pct']:+.1f} %")
     console.print_breakdown(StepBreakdown(**doc["prediction"]), con)
     con.print(f"results: {path}")
     return EXIT_OK

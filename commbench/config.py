@@ -72,4 +72,4 @@ class RunConfig:
                 "dist_backend": self.dist_backend, "device": self.device, "layouts": self.layout_list,
                 "in_place": self.in_place, "check_iters": self.check_iters, "root": self.root, "warmup": t.warmup,
                 "iters": t.iters, "max_iters": t.max_iters, "time_budget_s": t.time_budget_s,
-                "target_ci": t.target_ci, "timeout_s": self.timeout_s}
+                "target_ci": t.target_ci, "ci_of": t.ci_of, "timeout_s": self.timeout_s}

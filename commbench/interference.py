@@ -123,7 +123,7 @@ def _record(backend, case, timed, settings, wrong, hosts, extra_warnings=()):
                        stats=summary, algbw_gbps=algbw, busbw_gbps=busbw, num_wrong=int(per_rank_wrong.sum()),
                        wrong_ranks=[int(r) for r in np.nonzero(per_rank_wrong)[0]], rank_time_p50_s=rank_p50,
                        slowest_rank=slowest, slowest_host=hosts[slowest],
-                       warnings=stats.warnings_for(summary, len(timed.samples_s), settings.target_ci)
+                       warnings=stats.warnings_for(summary, len(timed.samples_s), settings.target_ci, settings.ci_of)
                        + list(extra_warnings))
 
 
@@ -159,7 +159,7 @@ def run(config: InterferenceConfig, info, argv, out_path, overwrite=False, on_me
         settings = {"interference": True, "device": config.device, "nbytes": config.nbytes,
                     "sms": list(config.sms) if config.sms else None, "gemm_size": config.gemm_size,
                     "warmup": t.warmup, "iters": t.iters, "max_iters": t.max_iters,
-                    "time_budget_s": t.time_budget_s, "target_ci": t.target_ci, "timeout_s": config.timeout_s}
+                    "time_budget_s": t.time_budget_s, "target_ci": t.target_ci, "ci_of": t.ci_of, "timeout_s": config.timeout_s}
         header = env.header(info, ranks, argv, run_id, created, settings)
         from commbench import rankcheck
         rankcheck.check_same(backend, settings)      # ranks started with other flags or versions are refused
@@ -173,7 +173,7 @@ def run(config: InterferenceConfig, info, argv, out_path, overwrite=False, on_me
                 if on_measurement:
                     on_measurement(m)
         from commbench import launch
-        launch.set_cpu_threads(info, config.device)     # the same threads as `commbench compute` times with
+        launch.setup_cpu_rank(info, config.device)     # the same threads as `commbench compute` times with
         try:
             with watchdog.Guard("interference", backend, hosts, run_id, out_path, config.timeout_s) as guard:
                 _measure_all(config, backend, hosts, guard, emit)

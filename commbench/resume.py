@@ -7,13 +7,14 @@ import os
 from commbench import results
 
 IGNORED = ("timeout_s",)     # settings that may change between the parts of one sweep
+DEFAULTS = {"ci_of": "median"}   # settings older files do not record, at the value they ran with
 
 
 def settings_difference(saved: dict, now: dict) -> str | None:
     for k in sorted(set(saved) | set(now)):
         if k in IGNORED:
             continue
-        a, b = saved.get(k, "<absent>"), now.get(k, "<absent>")
+        a, b = saved.get(k, DEFAULTS.get(k, "<absent>")), now.get(k, DEFAULTS.get(k, "<absent>"))
         if json.loads(json.dumps(a)) != json.loads(json.dumps(b)):
             return f"{k}: {json.dumps(a)[:80]} in the file, {json.dumps(b)[:80]} now"
     return None

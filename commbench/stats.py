@@ -34,8 +34,15 @@ def median_ci(samples, confidence: float = CONFIDENCE) -> tuple[float, float]:
     return float(x[lo]), float(x[hi])
 
 
-def precision(samples) -> float:
-    """Half-width of the median's CI relative to the median (0.01 = +-1 %)."""
+def precision(samples, of: str = "median") -> float:
+    """Half-width of the CI of the median (of='median') relative to the median,
+    or of the mean's 95 % normal-theory CI (of='mean', as central() gives it)
+    relative to the mean; 0.01 = +-1 %."""
+    if of == "mean":
+        x = np.asarray(samples, dtype=np.float64)
+        if len(x) < 2 or not x.mean() > 0:
+            return math.inf
+        return 1.96 * float(x.std(ddof=1)) / math.sqrt(len(x)) / float(x.mean())
     lo, hi = median_ci(samples)
     med = float(np.median(samples)) if len(samples) else math.nan
     if not med or math.isnan(med):
@@ -71,8 +78,9 @@ def summarize(samples) -> dict:
     }
 
 
-def warnings_for(summary: dict, iters: int, target_ci: float) -> list[str]:
-    """Instability warnings in the manner of pyperf."""
+def warnings_for(summary: dict, iters: int, target_ci: float, ci_of: str = "median") -> list[str]:
+    """Instability warnings in the manner of pyperf; the precision one on the
+    statistic the timing targeted (ci_of: median or mean)."""
     out = []
     if summary["cv"] > UNSTABLE_CV:
         out.append(f"unstable: CV {summary['cv']:.0%} > {UNSTABLE_CV:.0%}")
@@ -80,8 +88,13 @@ def warnings_for(summary: dict, iters: int, target_ci: float) -> list[str]:
         out.append(f"few samples: {iters} < {FEW_SAMPLES}")
     if summary["num_outliers"]:
         out.append(f"outliers: {summary['num_outliers']} beyond 3 IQR")
-    if target_ci > 0 and (summary["precision"] is None or summary["precision"] > target_ci):
-        out.append(f"precision +-{summary['precision'] or math.inf:.1%} did not reach the target +-{target_ci:.1%}")
+    if ci_of == "mean":
+        mean = summary["time_mean_s"]
+        prec = 1.96 * summary["time_stdev_s"] / math.sqrt(iters) / mean if iters > 1 and mean > 0 else None
+    else:
+        prec = summary["precision"]
+    if target_ci > 0 and (prec is None or prec > target_ci):
+        out.append(f"precision of the {ci_of} +-{prec or math.inf:.1%} did not reach the target +-{target_ci:.1%}")
     return out
 
 

@@ -170,7 +170,7 @@ def measure_case(backend, config, layout, g, hosts, coll, dtype, redop, in_place
         num_wrong=int(per_rank_wrong.sum()), wrong_ranks=[int(r) for r in np.nonzero(per_rank_wrong)[0]],
         rank_time_p50_s=rank_p50, rank_samples_s=rank_samples, slowest_rank=slowest,
         slowest_host=hosts[slowest], warnings=stats.warnings_for(summary, len(timed.samples_s),
-                                                                   config.timing.target_ci))
+                                                                   config.timing.target_ci, config.timing.ci_of))
 
 
 def check_memory(config, hosts, ranks_on_host):

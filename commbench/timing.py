@@ -2,8 +2,8 @@
 
 Each rank times every iteration of a back-to-back loop on its own clock; after a
 batch (never inside it) the per-iteration times are reduced to their max over
-all ranks that run at once, rank 0 decides whether the CI of the median reached
-the target, and all ranks follow its decision."""
+all ranks that run at once, rank 0 decides whether the CI of the median (or,
+where the consumer sums means, of the mean) reached the target, and all ranks follow its decision."""
 import math
 import time
 from dataclasses import dataclass
@@ -44,6 +44,7 @@ class TimingSettings:
     max_iters: int = 10000
     time_budget_s: float = 1.0   # per case, after the minimum iterations
     target_ci: float = 0.01
+    ci_of: str = "median"     # the statistic whose CI the target is on: the median, or the mean (predict's)
 
     def check(self):
         """ValueError naming the flag of a value the protocol cannot run with."""
@@ -53,6 +54,8 @@ class TimingSettings:
             raise ValueError(f"-w/--warmup must be >= 0, got {self.warmup}")
         if self.max_iters < self.iters:
             raise ValueError(f"--max-iters ({self.max_iters}) is below -n/--iters ({self.iters})")
+        if self.ci_of not in ("median", "mean"):
+            raise ValueError(f"ci_of {self.ci_of!r}: choose median or mean")
         if not 0 <= self.target_ci < 1:
             raise ValueError(f"--target-ci must be in [0, 1), got {self.target_ci}")
         if not (math.isfinite(self.time_budget_s) and self.time_budget_s >= 0):
@@ -101,7 +104,7 @@ def measure(backend, op, settings: TimingSettings, on_phase=None) -> Timed:
             stop = (settings.target_ci <= 0
                     or done >= settings.max_iters
                     or time.monotonic() - start >= settings.time_budget_s
-                    or (done >= stats.MIN_CI_SAMPLES and stats.precision(maxed) <= settings.target_ci))
+                    or (done >= stats.MIN_CI_SAMPLES and stats.precision(maxed, settings.ci_of) <= settings.target_ci))
             # the next batch doubles the count, within the iteration cap and
             # (estimated from the median so far) the time left
             left = settings.time_budget_s - (time.monotonic() - start)

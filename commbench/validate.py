@@ -4,19 +4,34 @@ same ranks, in one job and one process group: measure the plan's collectives
 torch implementation of the plan (training.py), predict the step from the two
 measurements, and report predicted against measured.
 
+With --rounds R the job alternates the two R times (measure, train, measure,
+train, ...): the prediction comes from every round's measurements pooled, the
+measured step from every round's steps, so a machine whose speed drifts during
+the job weighs on both sides alike; each round's own pair is reported too.
+
 error_pct = 100 (predicted - measured) / measured, measured = the median of the
 timed steps (each the slowest rank's)."""
 import json
 import os
 import statistics
+from dataclasses import dataclass
 
 from commbench import plan as plan_mod
 from commbench.config import RunConfig
 from commbench.timing import TimingSettings
 
-# quick but honest settings: adaptive to +-2 % within a small budget per case
-COMM_TIMING = TimingSettings(warmup=3, iters=10, max_iters=2000, time_budget_s=0.5, target_ci=0.02)
-COMPUTE_TIMING = TimingSettings(warmup=3, iters=10, max_iters=2000, time_budget_s=0.5, target_ci=0.02)
+# quick but honest settings: adaptive to +-2 % of the mean (the statistic the
+# predictor sums) within a budget per case (--time-budget, --max-iters)
+TIME_BUDGET_S, MAX_ITERS = 0.5, 2000
+
+
+def timing_settings(time_budget_s: float = TIME_BUDGET_S, max_iters: int = MAX_ITERS) -> TimingSettings:
+    """The timing of validate's collectives and kernels; ValueError naming the flag of a bad value."""
+    t = TimingSettings(warmup=3, iters=10, max_iters=max_iters, time_budget_s=time_budget_s, target_ci=0.02,
+                       ci_of="mean")
+    t.check()
+    return t
+
 
 
 def tp_impl_for(model, par, asked: str = "auto") -> str:
@@ -34,41 +49,76 @@ def tp_impl_for(model, par, asked: str = "auto") -> str:
     return asked
 
 
+@dataclass
+class Round:
+    """One round of a validation: the plan's kernels, collectives and their
+    interference measured, then training steps timed, on the same ranks."""
+    compute: object            # ResultFile
+    comm: object | None
+    interference: object | None
+    measured: object           # training.StepTimes
+
+
+def round_steps(steps: int, rounds: int) -> list:
+    """The timed steps of each round: steps shared as evenly as can be, the
+    first rounds taking one more; ValueError where a round would get none."""
+    if rounds < 1 or steps < rounds:
+        raise ValueError(f"--rounds must be between 1 and --steps ({steps}), got {rounds}")
+    return [steps // rounds + (r < steps % rounds) for r in range(rounds)]
+
+
 def run_on_rank(model, par, info, device, steps, warmup, out_dir, argv, overwrite=False, timeout_s=None,
-                comm_timing=COMM_TIMING, compute_timing=COMPUTE_TIMING, tp_impl="megatron") -> dict | None:
+                timing: TimingSettings | None = None, tp_impl="megatron", rounds: int = 1) -> dict | None:
     """Every rank calls this; rank 0 returns the report, the others None. tp_impl:
-    the tensor-parallel implementation that runs (and whose collectives are predicted)."""
-    from commbench import sweep, watchdog
-    from commbench.compute import runner
+    the tensor-parallel implementation that runs (and whose collectives are predicted);
+    timing: of the collectives and kernels measured (default timing_settings()).
+    rounds > 1 alternates measuring and training that many times (each round's
+    files in out_dir/round-K, the steps shared among them), so that a machine
+    whose speed drifts during the job weighs on both sides alike."""
+    from commbench import watchdog
+    timing = timing or timing_settings()
+    per_round = round_steps(steps, rounds)
     # the collectives of what training.py runs
     workload = plan_mod.build(model, par, tp_flavour=tp_impl)
     largest = max((c.nbytes for c in workload.comm_ops), default=0)
     backend = watchdog.open_backend("torch", info, device, watchdog.rendezvous_timeout_s(timeout_s, largest))
     try:
-        comm_path, compute_path = os.path.join(out_dir, "comm.jsonl"), os.path.join(out_dir, "compute.jsonl")
-        inter_path = os.path.join(out_dir, "interference.jsonl")
-        compute_rf = runner.run(workload.compute_ops, info, device, compute_timing, compute_path, overwrite, argv,
-                                timeout_s=timeout_s, backend=backend,
-                                extra_settings={"plan": {"model": model.to_dict(), "parallelism": workload.parallelism}})
-        comm_rf = None
-        if workload.comm_ops:
-            config = RunConfig(device=device, timing=comm_timing, timeout_s=timeout_s)
-            comm_rf, wrong = sweep.run(config, info, argv, comm_path, overwrite, plan=(model, par), backend=backend)
-            if wrong:
-                raise RuntimeError(f"{wrong} wrong result element(s) in the plan's collectives: see {comm_path}")
-        inter_rf = None
-        if par.world > 1:
-            from commbench import interference
-            inter_rf = interference.run(interference.InterferenceConfig(device=device, timing=compute_timing,
-                                                                        timeout_s=timeout_s),
-                                        info, argv, inter_path, overwrite, backend=backend)
-        measured = train_guarded(backend, info, workload, model, par, steps, warmup, device, tp_impl, out_dir,
-                                 timeout_s)
+        done = []
+        for k, n in enumerate(per_round):
+            where = out_dir if rounds == 1 else os.path.join(out_dir, f"round-{k + 1}")
+            done.append(run_round(backend, info, workload, model, par, device, n, warmup, where, argv, overwrite,
+                                  timeout_s, timing, tp_impl))
     finally:
         backend.close()
     if info.rank != 0:
         return None
-    return report(workload, par, comm_rf, compute_rf, inter_rf, measured, device, out_dir)
+    return report(workload, par, done, device, timing)
+
+
+def run_round(backend, info, workload, model, par, device, steps, warmup, out_dir, argv, overwrite, timeout_s,
+              timing, tp_impl) -> Round:
+    from commbench import sweep
+    from commbench.compute import runner
+    comm_path, compute_path = os.path.join(out_dir, "comm.jsonl"), os.path.join(out_dir, "compute.jsonl")
+    inter_path = os.path.join(out_dir, "interference.jsonl")
+    compute_rf = runner.run(workload.compute_ops, info, device, timing, compute_path, overwrite, argv,
+                            timeout_s=timeout_s, backend=backend,
+                            extra_settings={"plan": {"model": model.to_dict(), "parallelism": workload.parallelism}})
+    comm_rf = None
+    if workload.comm_ops:
+        config = RunConfig(device=device, timing=timing, timeout_s=timeout_s)
+        comm_rf, wrong = sweep.run(config, info, argv, comm_path, overwrite, plan=(model, par), backend=backend)
+        if wrong:
+            raise RuntimeError(f"{wrong} wrong result element(s) in the plan's collectives: see {comm_path}")
+    inter_rf = None
+    if par.world > 1:
+        from commbench import interference
+        inter_rf = interference.run(interference.InterferenceConfig(device=device, timing=timing,
+                                                                    timeout_s=timeout_s),
+                                    info, argv, inter_path, overwrite, backend=backend)
+    measured = train_guarded(backend, info, workload, model, par, steps, warmup, device, tp_impl, out_dir,
+                             timeout_s)
+    return Round(compute_rf, comm_rf, inter_rf, measured)
 
 
 def train_guarded(backend, info, workload, model, par, steps, warmup, device, tp_impl, out_dir, timeout_s):
@@ -96,33 +146,60 @@ def train_guarded(backend, info, workload, model, par, steps, warmup, device, tp
                                     on_step=on_step)
 
 
-def report(workload, par, comm_rf, compute_rf, inter_rf, measured, device, out_dir) -> dict:
+def _predict(workload, par, comm_rf, compute_rf, inter_rf, device):
+    """The StepBreakdown from one set of measurements, and the interference factors used."""
     from commbench import predict
     from commbench.commmodel import CommModel
     comm_model = CommModel.from_results([comm_rf], statistic=predict.STATISTIC) if comm_rf is not None else None
     slow = predict.interference_factors(inter_rf) if inter_rf is not None else None
     times = predict.MeasuredTimes(comm_model, [compute_rf], device=device, interference=slow)
     times.bind(workload.compute_ops)
-    sb = predict.predict(workload, par, times)
-    meas = statistics.median(measured.step_s)
+    return predict.predict(workload, par, times), slow
+
+
+def _paths(rfs) -> list | None:
+    return None if rfs[0] is None else [rf.path for rf in rfs]
+
+
+def report(workload, par, rounds: list, device, timing) -> dict:
+    """The prediction from every round's measurements pooled (pooling.pool)
+    against the median of every round's timed steps; and each round's own."""
+    from commbench import launch
+    from commbench.pooling import pool
+    kinds = {k: [getattr(r, k) for r in rounds] for k in ("comm", "compute", "interference")}
+    sb, slow = _predict(workload, par, *(None if rfs[0] is None else pool(rfs) for rfs in kinds.values()),
+                        device=device)
+    steps = [t for r in rounds for t in r.measured.step_s]
+    meas = statistics.median(steps)
+    each = []
+    for k, r in enumerate(rounds):
+        sb_k = sb if len(rounds) == 1 else _predict(workload, par, r.comm, r.compute, r.interference, device)[0]
+        m_k = statistics.median(r.measured.step_s)
+        each.append({"round": k + 1, "measured_step_time_s": m_k, "predicted_step_time_s": sb_k.step_time_s,
+                     "error_pct": 100.0 * (sb_k.step_time_s - m_k) / m_k, "measured_steps_s": r.measured.step_s,
+                     "results": {kind: None if getattr(r, kind) is None else getattr(r, kind).path
+                                 for kind in kinds}})
     return {
         "measured_step_time_s": meas,
         "predicted_step_time_s": sb.step_time_s,
         "error_pct": 100.0 * (sb.step_time_s - meas) / meas,
         "predicted_band_s": [sb.step_time_low_s, sb.step_time_high_s],
-        "measured_steps_s": measured.step_s,
-        "measured_min_s": min(measured.step_s), "measured_max_s": max(measured.step_s),
-        "losses": measured.losses,
-        "implementation": measured.implementation,
+        "measured_steps_s": steps,
+        "measured_min_s": min(steps), "measured_max_s": max(steps),
+        "losses": [x for r in rounds for x in r.measured.losses],
+        "implementation": rounds[0].measured.implementation,
         "prediction": sb.to_dict(),
         "plan": {"model": workload.model["name"], "world": par.world, "dp": par.dp, "tp": par.tp, "pp": par.pp,
                  "zero": par.zero, "sp": par.sp, "micro_batch": par.micro_batch, "global_batch": par.global_batch,
                  "num_microbatches": par.num_microbatches, "seq": par.seq or workload.model["seq"], "dtype": par.dtype,
                  "schedule": par.schedule, "interleave": par.interleave, "recompute": par.recompute},
         "device": device,
+        "timing": {"time_budget_s": timing.time_budget_s, "max_iters": timing.max_iters,
+                   "target_ci": timing.target_ci, "ci_of": timing.ci_of},
         "interference": slow,
-        "results": {"comm": comm_rf.path if comm_rf is not None else None, "compute": compute_rf.path,
-                    "interference": inter_rf.path if inter_rf is not None else None},
+        "malloc_mmap_threshold_b": launch.ALLOCATOR_MMAP_THRESHOLD_B,
+        "rounds": each,
+        "results": {kind: _paths(rfs) for kind, rfs in kinds.items()},
     }
 
 

@@ -138,6 +138,10 @@ CASES = {
     "validate-steps-0": (["validate", *PLAN, "--steps", "0"], None, "--steps"),
     "validate-device": (["validate", *PLAN, "--device", "gpu"], None, "'gpu'"),
     "validate-nprocs-negative": (["validate", *PLAN, "--nprocs", "-2"], None, "nprocs"),
+    "validate-rounds-0": (["validate", *PLAN, "--rounds", "0"], None, "--rounds"),
+    "validate-rounds-over-steps": (["validate", *PLAN, "--steps", "3", "--rounds", "4"], None, "--rounds"),
+    "validate-time-budget-negative": (["validate", *PLAN, "--time-budget", "-1"], None, "--time-budget"),
+    "validate-max-iters-below-iters": (["validate", *PLAN, "--max-iters", "5"], None, "--max-iters"),
     # search / study
     "search-no-times": (["search", "--model", "gpt3-1.3b", "--world", "8"], None, "--system"),
     "search-top-0": (["search", "--model", "gpt3-1.3b", "--world", "8", "--system", "polaris", "--top", "0"], None,

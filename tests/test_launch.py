@@ -270,3 +270,40 @@ def test_mpiexec_rendezvous_agrees_without_master_addr(mpiexec_two_ranks):
     assert (a0, p0) == (a1, p1)
     assert isinstance(a0, str) and a0
     assert isinstance(p0, int) and 0 < p0 < 65536
+
+
+FAULTS = """
+import os, resource, sys
+import numpy as np
+from commbench import launch
+set_ = launch.steady_allocator() if sys.argv[1] == "steady" else None
+def cycle():
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    a = np.ones(1 << 20, dtype=np.float32)        # 4 MiB, every page touched
+    del a
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+cycle()
+print(set_, cycle())
+"""
+
+
+@pytest.mark.parametrize("mode", ["dynamic", "steady", "user"])
+def test_steady_allocator_keeps_freed_blocks_for_the_next_call(mode):
+    """glibc's dynamic thresholds give a fresh process's second 4 MiB block new
+    pages again (the first was mmapped and returned; the second grows the
+    heap); with steady_allocator the second reuses the first's heap. A user's
+    MALLOC_MMAP_THRESHOLD_ is left as it is."""
+    env = dict(os.environ)
+    env.pop("MALLOC_MMAP_THRESHOLD_", None)
+    env.pop("MALLOC_TRIM_THRESHOLD_", None)
+    if mode == "user":
+        env["MALLOC_MMAP_THRESHOLD_"] = str(1 << 16)       # 64 KiB: every 4 MiB block mmapped and returned
+    p = subprocess.run([sys.executable, "-c", FAULTS, "steady" if mode != "dynamic" else "no"], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    set_, faults = p.stdout.split()
+    pages = (4 << 20) // os.sysconf("SC_PAGE_SIZE")
+    if mode == "steady":
+        assert set_ == str(32 << 20) and int(faults) < pages // 10
+    else:
+        assert set_ == "None" and int(faults) > pages // 2

@@ -235,6 +235,20 @@ def test_precision():
     assert stats.precision([]) == math.inf
 
 
+def test_precision_of_the_mean():
+    # the 95 % normal-theory half-width of the mean, relative to the mean (stats.central's CI)
+    x = [1.0, 2.0, 3.0, 4.0, 10.0]
+    half = 1.96 * np.std(x, ddof=1) / math.sqrt(5)
+    assert stats.precision(x, "mean") == pytest.approx(half / 4.0)
+    assert stats.central({"time_mean_s": 4.0, "time_stdev_s": float(np.std(x, ddof=1))}, 5, "mean") == \
+        pytest.approx((4.0, 4.0 - half, 4.0 + half))
+    # a heavy tail: the median is pinned long before the mean is
+    rng = np.random.default_rng(3)
+    spiky = list(np.where(rng.random(2000) < 0.05, 4e-3, 2.5e-4) + rng.normal(0, 1e-5, 2000))
+    assert stats.precision(spiky) < 0.01 < 0.05 < stats.precision(spiky, "mean")     # about 8 %
+    assert stats.precision([1.0], "mean") == math.inf and stats.precision([0.0, 0.0], "mean") == math.inf
+
+
 def test_summarize_matches_numpy():
     rng = np.random.default_rng(7)
     x = rng.lognormal(mean=-11, sigma=0.3, size=257)
@@ -292,6 +306,54 @@ def test_warnings_for():
     assert stats.warnings_for(dict(steady, precision=0.02), iters=30, target_ci=0.01)[0].startswith("precision")
     assert stats.warnings_for(dict(steady, precision=0.005), iters=30, target_ci=0.01) == []
     assert stats.warnings_for(dict(steady, precision=None), iters=30, target_ci=0.01)[0].startswith("precision")
+    # on the mean where the timing targeted the mean: from its stdev, not the median's CI
+    spread = dict(steady, precision=0.001, time_mean_s=1.0, time_stdev_s=0.1)    # +-3.6 % at n = 30
+    w = stats.warnings_for(spread, iters=30, target_ci=0.02, ci_of="mean")
+    assert len(w) == 1 and w[0].startswith("precision of the mean +-3.6%")
+    assert stats.warnings_for(spread, iters=30, target_ci=0.04, ci_of="mean") == []
+    assert stats.warnings_for(spread, iters=30, target_ci=0.02) == []
 
     both = stats.warnings_for(dict(steady, cv=0.5), iters=3, target_ci=0)
     assert any("unstable" in m for m in both) and any("few samples" in m for m in both)
+
+
+class ScriptedBackend:
+    """A one-rank backend whose calls take scripted times: 5 % of them 16 times
+    the rest, as gloo's waits preempted by the scheduler look on a 2-core VM."""
+    rank = 0
+
+    def __init__(self):
+        self.rng = np.random.default_rng(11)
+
+    def time_iterations(self, op, iters):
+        return list(np.where(self.rng.random(iters) < 0.05, 4e-3, 2.5e-4))
+
+    def synchronize(self):
+        pass
+
+    def control_barrier(self):
+        pass
+
+    def control_reduce(self, values, op):
+        return values
+
+    def control_bcast(self, obj):
+        return obj
+
+
+@pytest.mark.parametrize("ci_of", ["median", "mean"])
+def test_adaptive_stop_targets_the_statistic_asked_for(ci_of):
+    from commbench.timing import TimingSettings, measure
+    t = TimingSettings(warmup=0, iters=20, max_iters=5000, time_budget_s=60, target_ci=0.02, ci_of=ci_of)
+    n = len(measure(ScriptedBackend(), None, t).samples_s)
+    if ci_of == "median":
+        assert n <= 40              # the median sits on the common time at once
+    else:
+        # the mean (5 % of calls at 16x: CV about 1.9) needs some 33,000 calls for +-2 %: the cap stops it
+        assert n == 5000
+
+
+def test_timing_settings_reject_an_unknown_statistic():
+    from commbench.timing import TimingSettings
+    with pytest.raises(ValueError, match="ci_of 'p99'"):
+        TimingSettings(ci_of="p99").check()

@@ -27,13 +27,60 @@ def test_validate_ddp_two_ranks(tmp_path):
     assert doc["plan"]["dp"] == 2 and doc["plan"]["num_microbatches"] == 2 and doc["plan"]["dtype"] == "fp32"
     assert "DDP" in doc["implementation"] and all(x == x for x in doc["losses"])
     # the two measurements it predicted from are on disk, from the same 2 ranks
-    comm = results.load(doc["results"]["comm"])
+    assert doc["timing"] == {"time_budget_s": 0.5, "max_iters": 2000, "target_ci": 0.02, "ci_of": "mean"}
+    assert doc["malloc_mmap_threshold_b"] == 32 << 20      # launch.steady_allocator on every rank
+    (one,) = doc["rounds"]
+    assert one["measured_steps_s"] == doc["measured_steps_s"] and one["error_pct"] == doc["error_pct"]
+    assert one["results"]["comm"] == doc["results"]["comm"][0] == str(out / "comm.jsonl")
+    comm = results.load(doc["results"]["comm"][0])
     assert {m.case.op for m in comm.measurements} == {"all_reduce"}
     assert all(m.case.axis == "dp" and m.case.group_size == 2 for m in comm.measurements)
-    compute = results.load(doc["results"]["compute"])
+    compute = results.load(doc["results"]["compute"][0])
     assert all(m.case.kind == "compute" and m.case.concurrent_groups == 2 for m in compute.measurements)
     assert {"stage_fwd", "stage_bwd", "adam", "gemm_nt"} <= {m.case.op for m in compute.measurements}
     assert doc["interference"]["compute"] >= 1 and doc["interference"]["comm"] >= 1
+
+
+def test_validate_in_rounds_pools_both_sides(tmp_path):
+    """--rounds 2: measure, train, measure, train; the steps shared 2 + 1; the
+    prediction from both rounds' measurements pooled, the measured step the
+    median of all three steps, and each round's own pair reported."""
+    from commbench import pooling, predict as predict_mod
+    from commbench.commmodel import CommModel
+    out = tmp_path / "v"
+    p = commbench("validate", "--model", "tiny-gpt", "--nprocs", "2", "--global-batch", "4", "--seq", "32",
+                  "--steps", "3", "--warmup-steps", "1", "--rounds", "2", "--time-budget", "0.2", "--max-iters", "400",
+                  "--device", "cpu", "--out-dir", out, "--json", cwd=tmp_path, timeout=300)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    r1, r2 = doc["rounds"]
+    assert len(r1["measured_steps_s"]) == 2 and len(r2["measured_steps_s"]) == 1
+    assert doc["measured_steps_s"] == r1["measured_steps_s"] + r2["measured_steps_s"]
+    assert doc["measured_step_time_s"] == statistics.median(doc["measured_steps_s"])
+    for r in (r1, r2):
+        assert r["measured_step_time_s"] == statistics.median(r["measured_steps_s"])
+        assert r["error_pct"] == pytest.approx(100 * (r["predicted_step_time_s"] - r["measured_step_time_s"])
+                                               / r["measured_step_time_s"])
+    assert doc["timing"]["time_budget_s"] == 0.2 and doc["timing"]["max_iters"] == 400
+    files = {k: [str(out / f"round-{i}" / f"{k}.jsonl") for i in (1, 2)] for k in ("comm", "compute", "interference")}
+    assert doc["results"] == files and not (out / "comm.jsonl").exists()
+    rounds = {k: [results.load(f) for f in fs] for k, fs in files.items()}
+    assert all(m.iters <= 400 for rfs in rounds.values() for rf in rfs for m in rf.measurements)
+    # the pooled comm cases hold both rounds' samples, as many of each as the round with fewer has,
+    # and the prediction is the one they give
+    pooled = pooling.pool(rounds["comm"])
+    for m in pooled.measurements:
+        counts = [x.iters for rf in rounds["comm"] for x in rf.measurements if x.case == m.case]
+        assert len(counts) == 2 and m.iters == 2 * min(counts)
+    times = predict_mod.MeasuredTimes(CommModel.from_results([pooled], statistic="mean"),
+                                      [pooling.pool(rounds["compute"])], device="cpu",
+                                      interference=predict_mod.interference_factors(pooling.pool(rounds["interference"])))
+    from commbench import models, plan as plan_mod
+    from commbench.parallel import Parallelism
+    par = Parallelism(world=2, gpus_per_node=2, global_batch=4, seq=32, dtype="fp32")
+    workload = plan_mod.build(models.get("tiny-gpt"), par, tp_flavour="megatron")
+    times.bind(workload.compute_ops)
+    assert predict_mod.predict(workload, par, times).step_time_s == pytest.approx(doc["predicted_step_time_s"])
 
 
 def test_validate_refuses_what_it_cannot_run(tmp_path):

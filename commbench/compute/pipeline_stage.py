@@ -182,7 +182,7 @@ def measure(backend, items, settings, device, hosts) -> list:
         m = Measurement(case=case, samples_s=samples, warmup=settings.warmup, target_ci=settings.target_ci,
                         stats=summary, rank_time_p50_s=[float(np.median(s)) if s else 0.0 for s in rank_samples],
                         rank_samples_s=rank_samples, slowest_rank=slowest, slowest_host=hosts[slowest],
-                        warnings=stats.warnings_for(summary, len(samples), settings.target_ci))
+                        warnings=stats.warnings_for(summary, len(samples), settings.target_ci, settings.ci_of))
         t = m.stats["time_p50_s"]
         m.algbw_gbps = case.nbytes / t / 1e9 if t > 0 else None
         m.warnings.append("timed inside the plan's pipeline schedule (warmup in whole steps)")

@@ -14,6 +14,7 @@ import uuid
 import numpy as np
 
 from commbench import env, results, stats, timing
+from commbench import launch as launch_mod
 from commbench.compute import Staged
 from commbench.results import Case, Measurement, ResultFile
 
@@ -181,7 +182,7 @@ def measure(backend, timer, case: Case, op, settings, hosts, torch, device, rank
     m = Measurement(case=case, samples_s=timed.samples_s, warmup=settings.warmup, target_ci=settings.target_ci,
                     stats=summary, rank_time_p50_s=rank_p50, rank_samples_s=rank_samples, slowest_rank=slowest,
                     slowest_host=hosts[slowest],
-                    warnings=stats.warnings_for(summary, len(timed.samples_s), settings.target_ci))
+                    warnings=stats.warnings_for(summary, len(timed.samples_s), settings.target_ci, settings.ci_of))
     t = op_time_s(m)
     m.algbw_gbps = case.nbytes / t / 1e9 if t > 0 else None     # achieved memory bandwidth, GB/s
     from commbench.compute import framework
@@ -214,7 +215,8 @@ def run(workload_ops, launch, device, settings, out_path, overwrite, argv, flush
                             dict(extra_settings or {}, device=device, flush_l2=flush_l2,
                                  threads_per_rank=torch.get_num_threads(), warmup=settings.warmup,
                                  iters=settings.iters, max_iters=settings.max_iters,
-                                 time_budget_s=settings.time_budget_s, target_ci=settings.target_ci))
+                                 time_budget_s=settings.time_budget_s, target_ci=settings.target_ci,
+                                 ci_of=settings.ci_of, malloc_mmap_threshold_b=launch_mod.ALLOCATOR_MMAP_THRESHOLD_B))
         from commbench import rankcheck
         rankcheck.check_same(backend, {k: v for k, v in header["settings"].items() if k != "threads_per_rank"})
         writer = results.open_on_rank0(backend.rank, backend.control_bcast, out_path, header, overwrite)
