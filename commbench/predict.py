@@ -710,6 +710,31 @@ def predict(workload, par, times: Times, peak_tflops: float | None = None,
         critical_stage=main["critical"], stages=main["stages"], notes=sorted(times.notes.values()))
 
 
+def mean_breakdown(sbs: list) -> StepBreakdown:
+    """The mean of several predictions of one plan (validate --rounds: each from
+    one round's own measurements): the step, its band, the breakdown and every
+    stage's times averaged (the parts still sum to the step), the throughputs
+    at the mean step, the critical stage the one whose mean end is latest, and
+    every note once."""
+    if len(sbs) == 1:
+        return sbs[0]
+    n, first = len(sbs), sbs[0]
+    step = sum(sb.step_time_s for sb in sbs) / n
+    slower = first.step_time_s / step          # throughputs go as 1 / step
+
+    def mean(dicts):
+        return {k: sum(d[k] for d in dicts) / n if isinstance(v, float) else v for k, v in dicts[0].items()}
+    stages = [mean([sb.stages[i] for sb in sbs]) for i in range(len(first.stages))]
+    return StepBreakdown(
+        step_time_s=step, samples_per_s=first.samples_per_s * slower, tokens_per_s=first.tokens_per_s * slower,
+        tflops_per_gpu=first.tflops_per_gpu * slower, mfu=None if first.mfu is None else first.mfu * slower,
+        breakdown=mean([sb.breakdown for sb in sbs]),
+        step_time_low_s=sum(sb.step_time_low_s for sb in sbs) / n,
+        step_time_high_s=sum(sb.step_time_high_s for sb in sbs) / n,
+        critical_stage=max(range(len(stages)), key=lambda i: stages[i]["end_s"]) if stages else first.critical_stage,
+        stages=stages, notes=sorted({note for sb in sbs for note in sb.notes}))
+
+
 # ----------------------------------------------------------------------------- inputs from files
 class MeasuredTimes(Times):
     """Times from results files: collectives from a CommModel of the comm files

@@ -5,9 +5,10 @@ torch implementation of the plan (training.py), predict the step from the two
 measurements, and report predicted against measured.
 
 With --rounds R the job alternates the two R times (measure, train, measure,
-train, ...): the prediction comes from every round's measurements pooled, the
-measured step from every round's steps, so a machine whose speed drifts during
-the job weighs on both sides alike; each round's own pair is reported too.
+train, ...): the prediction is the mean of the rounds' predictions, each from
+its own round's measurements, the measured step the median of every round's
+steps, so a machine whose speed drifts during the job weighs on both sides
+alike; each round's own pair is reported too.
 
 error_pct = 100 (predicted - measured) / measured, measured = the median of the
 timed steps (each the slowest rank's)."""
@@ -157,28 +158,29 @@ def _predict(workload, par, comm_rf, compute_rf, inter_rf, device):
     return predict.predict(workload, par, times), slow
 
 
-def _paths(rfs) -> list | None:
-    return None if rfs[0] is None else [rf.path for rf in rfs]
-
-
 def report(workload, par, rounds: list, device, timing) -> dict:
-    """The prediction from every round's measurements pooled (pooling.pool)
-    against the median of every round's timed steps; and each round's own."""
-    from commbench import launch
-    from commbench.pooling import pool
-    kinds = {k: [getattr(r, k) for r in rounds] for k in ("comm", "compute", "interference")}
-    sb, slow = _predict(workload, par, *(None if rfs[0] is None else pool(rfs) for rfs in kinds.values()),
-                        device=device)
-    steps = [t for r in rounds for t in r.measured.step_s]
-    meas = statistics.median(steps)
-    each = []
+    """Each round's prediction from its own measurements against the median of
+    its own steps; overall, the mean of the rounds' predictions (each round
+    weighs the same, as each gives the same number of steps; predicting from
+    samples pooled over rounds instead would move estimators such as the slowest
+    rank's mean with the number of samples) against the median of every
+    round's steps."""
+    from commbench import launch, predict
+    kinds = ("comm", "compute", "interference")
+    each, sbs, slows = [], [], []
     for k, r in enumerate(rounds):
-        sb_k = sb if len(rounds) == 1 else _predict(workload, par, r.comm, r.compute, r.interference, device)[0]
+        sb, slow = _predict(workload, par, r.comm, r.compute, r.interference, device)
+        sbs.append(sb)
+        slows.append(slow)
         m_k = statistics.median(r.measured.step_s)
-        each.append({"round": k + 1, "measured_step_time_s": m_k, "predicted_step_time_s": sb_k.step_time_s,
-                     "error_pct": 100.0 * (sb_k.step_time_s - m_k) / m_k, "measured_steps_s": r.measured.step_s,
+        each.append({"round": k + 1, "measured_step_time_s": m_k, "predicted_step_time_s": sb.step_time_s,
+                     "error_pct": 100.0 * (sb.step_time_s - m_k) / m_k, "measured_steps_s": r.measured.step_s,
+                     "interference": slow,
                      "results": {kind: None if getattr(r, kind) is None else getattr(r, kind).path
                                  for kind in kinds}})
+    sb = predict.mean_breakdown(sbs)
+    steps = [t for r in rounds for t in r.measured.step_s]
+    meas = statistics.median(steps)
     return {
         "measured_step_time_s": meas,
         "predicted_step_time_s": sb.step_time_s,
@@ -196,10 +198,11 @@ def report(workload, par, rounds: list, device, timing) -> dict:
         "device": device,
         "timing": {"time_budget_s": timing.time_budget_s, "max_iters": timing.max_iters,
                    "target_ci": timing.target_ci, "ci_of": timing.ci_of},
-        "interference": slow,
+        "interference": None if slows[0] is None else {k: statistics.mean(s[k] for s in slows) for k in slows[0]},
         "malloc_mmap_threshold_b": launch.ALLOCATOR_MMAP_THRESHOLD_B,
         "rounds": each,
-        "results": {kind: _paths(rfs) for kind, rfs in kinds.items()},
+        "results": {kind: None if getattr(rounds[0], kind) is None else [getattr(r, kind).path for r in rounds]
+                    for kind in kinds},
     }
 
 

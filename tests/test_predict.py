@@ -323,3 +323,27 @@ def test_reductions_that_overlap_nothing_run_after_the_last_backward():
                          TableTimes({"layer fwd": 1.0, "layer bwd": 2.0, "adam": 0.0}, {"rs": 1.0}))
     assert sb.step_time_s == pytest.approx(10.0) and sb.breakdown["dp_exposed_s"] == pytest.approx(4.0)
     assert sb.breakdown["hidden_comm_s"] == pytest.approx(0.0)
+
+
+def test_mean_breakdown_of_rounds():
+    """validate --rounds: the mean of two predictions, by hand: every time
+    averaged, the parts still summing to the step, throughputs at the mean
+    step, the latest stage critical, the notes once each."""
+    from commbench.predict import StepBreakdown, mean_breakdown
+
+    def sb(step, compute, bubble, ends, notes):
+        return StepBreakdown(step_time_s=step, samples_per_s=8 / step, tokens_per_s=8 * 64 / step,
+                             tflops_per_gpu=1e-3 / step, mfu=2e-3 / step,
+                             breakdown={"compute_s": compute, "bubble_s": bubble}, step_time_low_s=step - 1,
+                             step_time_high_s=step + 2, critical_stage=max(range(2), key=lambda i: ends[i]),
+                             stages=[{"stage": i, "end_s": e} for i, e in enumerate(ends)], notes=notes)
+    a, b = sb(10.0, 7.0, 3.0, [10.0, 9.0], ["x"]), sb(14.0, 8.0, 6.0, [11.0, 14.0], ["x", "y"])
+    m = mean_breakdown([a, b])
+    assert m.step_time_s == 12.0 and m.breakdown == {"compute_s": 7.5, "bubble_s": 4.5}
+    assert sum(m.breakdown.values()) == m.step_time_s
+    assert (m.step_time_low_s, m.step_time_high_s) == (11.0, 14.0)
+    assert m.samples_per_s == pytest.approx(8 / 12) and m.tokens_per_s == pytest.approx(8 * 64 / 12)
+    assert m.tflops_per_gpu == pytest.approx(1e-3 / 12) and m.mfu == pytest.approx(2e-3 / 12)
+    assert m.stages == [{"stage": 0, "end_s": 10.5}, {"stage": 1, "end_s": 11.5}] and m.critical_stage == 1
+    assert m.notes == ["x", "y"]
+    assert mean_breakdown([a]) is a

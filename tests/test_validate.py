@@ -41,12 +41,13 @@ def test_validate_ddp_two_ranks(tmp_path):
     assert doc["interference"]["compute"] >= 1 and doc["interference"]["comm"] >= 1
 
 
-def test_validate_in_rounds_pools_both_sides(tmp_path):
+def test_validate_in_rounds(tmp_path):
     """--rounds 2: measure, train, measure, train; the steps shared 2 + 1; the
-    prediction from both rounds' measurements pooled, the measured step the
-    median of all three steps, and each round's own pair reported."""
-    from commbench import pooling, predict as predict_mod
+    prediction the mean of the two rounds' own, each from its round's files;
+    the measured step the median of all three steps."""
+    from commbench import models, plan as plan_mod, predict as predict_mod
     from commbench.commmodel import CommModel
+    from commbench.parallel import Parallelism
     out = tmp_path / "v"
     p = commbench("validate", "--model", "tiny-gpt", "--nprocs", "2", "--global-batch", "4", "--seq", "32",
                   "--steps", "3", "--warmup-steps", "1", "--rounds", "2", "--time-budget", "0.2", "--max-iters", "400",
@@ -57,30 +58,32 @@ def test_validate_in_rounds_pools_both_sides(tmp_path):
     assert len(r1["measured_steps_s"]) == 2 and len(r2["measured_steps_s"]) == 1
     assert doc["measured_steps_s"] == r1["measured_steps_s"] + r2["measured_steps_s"]
     assert doc["measured_step_time_s"] == statistics.median(doc["measured_steps_s"])
-    for r in (r1, r2):
-        assert r["measured_step_time_s"] == statistics.median(r["measured_steps_s"])
-        assert r["error_pct"] == pytest.approx(100 * (r["predicted_step_time_s"] - r["measured_step_time_s"])
-                                               / r["measured_step_time_s"])
     assert doc["timing"]["time_budget_s"] == 0.2 and doc["timing"]["max_iters"] == 400
     files = {k: [str(out / f"round-{i}" / f"{k}.jsonl") for i in (1, 2)] for k in ("comm", "compute", "interference")}
     assert doc["results"] == files and not (out / "comm.jsonl").exists()
-    rounds = {k: [results.load(f) for f in fs] for k, fs in files.items()}
-    assert all(m.iters <= 400 for rfs in rounds.values() for rf in rfs for m in rf.measurements)
-    # the pooled comm cases hold both rounds' samples, as many of each as the round with fewer has,
-    # and the prediction is the one they give
-    pooled = pooling.pool(rounds["comm"])
-    for m in pooled.measurements:
-        counts = [x.iters for rf in rounds["comm"] for x in rf.measurements if x.case == m.case]
-        assert len(counts) == 2 and m.iters == 2 * min(counts)
-    times = predict_mod.MeasuredTimes(CommModel.from_results([pooled], statistic="mean"),
-                                      [pooling.pool(rounds["compute"])], device="cpu",
-                                      interference=predict_mod.interference_factors(pooling.pool(rounds["interference"])))
-    from commbench import models, plan as plan_mod
-    from commbench.parallel import Parallelism
     par = Parallelism(world=2, gpus_per_node=2, global_batch=4, seq=32, dtype="fp32")
     workload = plan_mod.build(models.get("tiny-gpt"), par, tp_flavour="megatron")
-    times.bind(workload.compute_ops)
-    assert predict_mod.predict(workload, par, times).step_time_s == pytest.approx(doc["predicted_step_time_s"])
+    preds = []
+    for i, r in enumerate((r1, r2)):
+        assert r["results"] == {k: files[k][i] for k in files}
+        assert r["measured_step_time_s"] == statistics.median(r["measured_steps_s"])
+        assert r["error_pct"] == pytest.approx(100 * (r["predicted_step_time_s"] - r["measured_step_time_s"])
+                                               / r["measured_step_time_s"])
+        loaded = {k: results.load(f) for k, f in r["results"].items()}
+        assert all(m.iters <= 400 for rf in loaded.values() for m in rf.measurements)
+        times = predict_mod.MeasuredTimes(CommModel.from_results([loaded["comm"]], statistic="mean"),
+                                          [loaded["compute"]], device="cpu",
+                                          interference=predict_mod.interference_factors(loaded["interference"]))
+        times.bind(workload.compute_ops)
+        preds.append(predict_mod.predict(workload, par, times))
+        assert preds[-1].step_time_s == pytest.approx(r["predicted_step_time_s"])
+    assert doc["predicted_step_time_s"] == pytest.approx((preds[0].step_time_s + preds[1].step_time_s) / 2)
+    assert doc["error_pct"] == pytest.approx(100 * (doc["predicted_step_time_s"] - doc["measured_step_time_s"])
+                                             / doc["measured_step_time_s"])
+    parts = doc["prediction"]["breakdown"]
+    assert sum(v for k, v in parts.items() if k != "hidden_comm_s") == pytest.approx(doc["predicted_step_time_s"])
+    for k, v in parts.items():
+        assert v == pytest.approx((preds[0].breakdown[k] + preds[1].breakdown[k]) / 2)
 
 
 def test_validate_refuses_what_it_cannot_run(tmp_path):
