@@ -221,6 +221,7 @@ def _measure_all(config, backend, hosts, guard, emit):
         with guard.step("interference: setting up the compute partner", 4 * comp_s + 4 * coll_s):
             part = next(parts, None)
         if part is None:
+            dist.destroy_process_group(g.handle)     # its threads would run beside what the job times next
             return
         num_sms, work, compute, timer, wrong, warn, with_coll, with_compute = part
         with guard.step(f"interference: {work} alone", comp_s):
