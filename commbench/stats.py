@@ -34,6 +34,11 @@ def median_ci(samples, confidence: float = CONFIDENCE) -> tuple[float, float]:
     return float(x[lo]), float(x[hi])
 
 
+def mean_half_width(stdev: float, n: int) -> float:
+    """Half-width of the mean's 95 % normal-theory CI: 1.96 stdev / sqrt(n)."""
+    return 1.96 * stdev / math.sqrt(max(n, 1))
+
+
 def precision(samples, of: str = "median") -> float:
     """Half-width of the CI of the median (of='median') relative to the median,
     or of the mean's 95 % normal-theory CI (of='mean', as central() gives it)
@@ -42,7 +47,7 @@ def precision(samples, of: str = "median") -> float:
         x = np.asarray(samples, dtype=np.float64)
         if len(x) < 2 or not x.mean() > 0:
             return math.inf
-        return 1.96 * float(x.std(ddof=1)) / math.sqrt(len(x)) / float(x.mean())
+        return mean_half_width(float(x.std(ddof=1)), len(x)) / float(x.mean())
     lo, hi = median_ci(samples)
     med = float(np.median(samples)) if len(samples) else math.nan
     if not med or math.isnan(med):
@@ -90,7 +95,7 @@ def warnings_for(summary: dict, iters: int, target_ci: float, ci_of: str = "medi
         out.append(f"outliers: {summary['num_outliers']} beyond 3 IQR")
     if ci_of == "mean":
         mean = summary["time_mean_s"]
-        prec = 1.96 * summary["time_stdev_s"] / math.sqrt(iters) / mean if iters > 1 and mean > 0 else None
+        prec = mean_half_width(summary["time_stdev_s"], iters) / mean if iters > 1 and mean > 0 else None
     else:
         prec = summary["precision"]
     if target_ci > 0 and (prec is None or prec > target_ci):
@@ -111,5 +116,5 @@ def central(summary: dict, iters: int, statistic: str) -> tuple[float, float, fl
     if statistic != "mean":
         raise ValueError(f"statistic {statistic!r}: choose mean or median")
     mean = summary["time_mean_s"]
-    half = 1.96 * summary.get("time_stdev_s", 0.0) / math.sqrt(max(iters, 1))
+    half = mean_half_width(summary.get("time_stdev_s", 0.0), iters)
     return mean, max(0.0, mean - half), mean + half
