@@ -39,6 +39,10 @@ Composition, for each pipeline stage (every rank of a stage does the same):
      under compute takes comm_slowdown times longer, and the compute it
      overlaps runs compute_slowdown times slower meanwhile (it ends
      (1 - 1/compute_slowdown) x the overlap later).
+   - the gradient synchronisation waits for the last of the dp group's R ranks:
+     a rank's compute between two synchronisations varies by sigma (its calls'
+     measured spreads, independent), and the last arrives E[max of R standard
+     normals] sigma after the mean (straggler_wait; in dp_exposed_s).
 4. After the pipeline and the DP tail: once-per-step collectives (ZeRO-1
    parameter broadcasts / all-gathers, one after another as a stream or gloo's
    queue runs them; the tied-embedding all-reduce; the sequence-parallel
@@ -50,7 +54,8 @@ Breakdown (of the critical stage; the parts sum to the step time):
   tp_exposed_s  its tensor-parallel collectives (all on the critical path)
   bubble_s      pipeline idle time with p2p taken as free (fill and drain)
   pp_exposed_s  what the p2p adds to the pipeline, plus the tied-embedding all-reduce
-  dp_exposed_s  DP/ZeRO time compute did not cover, plus once-per-step DP collectives
+  dp_exposed_s  DP/ZeRO time compute did not cover, the wait for the last dp rank,
+                plus once-per-step DP collectives
   optimizer_s   the optimizer step
   hidden_comm_s DP/ZeRO collective time hidden under compute (not part of the sum)
 Measured times enter as means (a step is a sum of calls: its expected time is
@@ -115,6 +120,33 @@ def central_time(m, bound: str) -> float:
     return {"mid": mid, "low": lo, "high": hi}[bound] * scale(m)
 
 
+def spread_s(m) -> float:
+    """The standard deviation of one call of a compute measurement on one rank
+    relative to its peers (scaled as central_time scales the call): what makes
+    ranks arrive apart at a synchronisation. Where the measurement holds two or
+    more ranks' own samples (timed side by side, call i of every rank at about
+    the same time), the residual of the two-way layout x[r, i] = mean + rank
+    effect + call effect + e: a slowdown common to every rank at the same call
+    (the machine's speed drifting) makes no rank wait for another, and a rank
+    that is slower throughout is the slowest rank's mean already
+    (central_time); e's variance is sum(e^2) / ((R - 1)(n - 1)). With one
+    rank's samples, their variance; without any, that of the per-call maxima."""
+    import numpy as np
+
+    from commbench.compute.runner import scale
+    own = [np.asarray(s, dtype=np.float64) for s in (m.rank_samples_s or []) if len(s) > 1]
+    n = min((len(x) for x in own), default=0)
+    if len(own) >= 2:
+        x = np.stack([s[:n] for s in own])
+        e = x - x.mean(axis=1, keepdims=True) - x.mean(axis=0, keepdims=True) + x.mean()
+        var = float((e ** 2).sum()) / ((len(own) - 1) * (n - 1))
+    elif own:
+        var = float(own[0].var(ddof=1))
+    else:
+        var = float(m.stats.get("time_stdev_s") or 0.0) ** 2
+    return math.sqrt(var) * scale(m)
+
+
 class Times:
     """Seconds of one call of a ComputeOp or a CommOp, at a bound (p50, low,
     high), from measured compute results (runner.match) or a SystemSpec, and a
@@ -145,6 +177,11 @@ class Times:
                              "run commbench compute with the same plan flags, or give --system")
         self.notes.setdefault(("compute-spec",), f"compute times from SystemSpec {self.spec.name} (not measured)")
         return self.spec.compute_time_s(op)
+
+    def spread(self, op) -> float:
+        """spread_s of a measured op; 0 for a time from a SystemSpec (no spread known)."""
+        m = self.matched.get(op)
+        return spread_s(m) if m is not None else 0.0
 
     def slowest_rank(self, op, bound: str) -> float:
         """A measured op's time on its slowest rank. compute() is that where the
@@ -198,6 +235,8 @@ class StageTimes:
     recompute_s: float = 0.0     # the part of bwd_s that is recomputed forwards
     tp_recompute_s: float = 0.0  # the part of tp_bwd_s that is their TP collectives
     dp_in_place: bool = False    # fwd_s + bwd_s hold FSDP's work and collectives, timed in place
+    mb_var_s2: float = 0.0       # variance of one micro-batch's forward + backward on one rank (spread_s)
+    optimizer_var_s2: float = 0.0
 
 
 # module-level scopes and the kernel-level scopes they stand in for
@@ -328,6 +367,11 @@ def _stage_compute(workload_ops, par, times: Times, bound: str) -> list:
     for s, st in enumerate(out):
         for op in granularity(workload_ops, times, s):
             t = times.compute(op, bound)
+            var = times.spread(op) ** 2 * op.count      # the calls' variations taken as independent
+            if op.phase == "step":
+                st.optimizer_var_s2 += var
+            else:
+                st.mb_var_s2 += var / m
             # the part of the stage that interleaving splits into chunks: its layers
             # (a whole-stage module is split evenly)
             layered = op.scope in ("layer", "layer_module", "stage_module", "recompute_module")
@@ -412,6 +456,19 @@ def _apply_framework(st: StageTimes, over: tuple, m: int):
     st.optimizer_s += over[1]
 
 
+def _in_place_var(workload_ops, times: Times, stage: int, scope: str) -> float:
+    """Variance of one micro-batch timed in place (scope tp_stage, dp_in_place:
+    each op a whole micro-batch, their mean taken; pp_stage: the stage's chunks,
+    summed), from the ops measured (a TP micro-batch may be its stand-in without
+    recompute)."""
+    from commbench.compute.ops import without_recompute
+    mine = [op for op in workload_ops if op.scope == scope and op.stage == stage]
+    if scope == "tp_stage" and not all(times.measured(op) for op in mine):
+        mine = [without_recompute(op) for op in mine]
+    var = [times.spread(op) ** 2 for op in mine]
+    return sum(var) if scope == "pp_stage" else sum(var) / max(1, len(var))
+
+
 def stage_times(workload_ops, comm_ops, par, times: Times, bound: str) -> list:
     m = par.num_microbatches
     out = _stage_compute(workload_ops, par, times, bound)
@@ -420,12 +477,14 @@ def stage_times(workload_ops, comm_ops, par, times: Times, bound: str) -> list:
         pipe = pp_in_place(workload_ops, times, s, bound)
         if pipe is not None:
             _apply_pp_in_place(st, *pipe)
+            st.mb_var_s2 = _in_place_var(workload_ops, times, s, "pp_stage")
             times.notes.setdefault(("pp in place", s), f"stage {s}: its micro-batch timed inside the plan's "
                                    f"pipeline ({pipe[0] * 1e3:.3f} ms fwd, {pipe[1] * 1e3:.3f} ms bwd)")
         found = tp_in_place(workload_ops, times, s, bound)
         if found is not None:
             whole, exact = found
             _apply_tp_in_place(st, whole, exact)
+            st.mb_var_s2 = _in_place_var(workload_ops, times, s, "tp_stage")
             times.notes.setdefault(("tp in place", s), f"stage {s}: a micro-batch with its tensor parallelism timed "
                                    f"in place ({whole * 1e3:.3f} ms{'' if exact else ', without recompute'}): "
                                    f"TP time = that less the stage's compute"
@@ -434,6 +493,7 @@ def stage_times(workload_ops, comm_ops, par, times: Times, bound: str) -> list:
         fsdp = dp_in_place(workload_ops, times, s, bound)
         if fsdp is not None:
             _apply_dp_in_place(st, fsdp)
+            st.mb_var_s2 = _in_place_var(workload_ops, times, s, "dp_in_place")
             over = None if over is None else (0.0, over[1])       # its micro-batch cost is in the timing
             times.notes.setdefault(("fsdp in place", s), f"stage {s}: a micro-batch under FSDP timed in place "
                                    f"over the plan's dp group ({fsdp * 1e3:.3f} ms): its compute, FSDP's work and "
@@ -644,6 +704,28 @@ def simulate(par, fwd, bwd, p2p, full: bool, cache: dict | None = None) -> sched
     return res
 
 
+def straggler_wait(st: StageTimes, m: int, dp_ops: list, times: Times, stage: int) -> float:
+    """Seconds the stage's ranks wait at the step's data-parallel synchronisation
+    for the last of them: each rank's compute between two such points (its m
+    micro-batches and its optimizer step) varies by sigma (the measured calls'
+    spreads, independent), and the last of R ranks arrives E[max of R standard
+    normals] sigma after the mean (stats.expected_max_normal), which grows with
+    the dp group as a job scales. 0 without DP collectives in the backward or
+    forward (those timed in place carry their waits), or without measured spread."""
+    from commbench.stats import expected_max_normal
+    if not dp_ops:
+        return 0.0
+    sigma = math.sqrt(m * st.mb_var_s2 + st.optimizer_var_s2)
+    ranks = max(c.group_size for c in dp_ops)
+    wait = expected_max_normal(ranks) * sigma
+    if wait > 0:
+        times.notes.setdefault(("straggler", stage), f"stage {stage}: the last of its {ranks} data-parallel ranks "
+                               f"reaches the gradient synchronisation {expected_max_normal(ranks):.2f} x "
+                               f"{sigma * 1e3:.3f} ms (the spread of a rank's step compute) after the mean: "
+                               f"+{wait * 1e3:.3f} ms, in DP/ZeRO exposed")
+    return wait
+
+
 def compose(workload, par, times: Times, bound: str = "mid", pipeline_cache: dict | None = None) -> dict:
     """One composition at a bound: per-stage ends and the critical stage's parts."""
     stages = stage_times(workload.compute_ops, workload.comm_ops, par, times, bound)
@@ -669,6 +751,8 @@ def compose(workload, par, times: Times, bound: str = "mid", pipeline_cache: dic
         end_free = free.last_bwd_end_s[r]
         calls = dp_calls(dp_by_stage.get(r, []), par, pipe.timelines[r], times, bound)
         exposed, hidden, _ = place_dp(calls, end, slow.get("comm", 1.0), slow.get("compute", 1.0))
+        straggler = straggler_wait(st, m, dp_by_stage.get(r, []), times, r)
+        exposed += straggler
         compute = (st.fwd_s + st.bwd_s) * m
         tp = (st.tp_fwd_s + st.tp_bwd_s) * m
         busy = pipe.busy_s[r]
@@ -682,6 +766,7 @@ def compose(workload, par, times: Times, bound: str = "mid", pipeline_cache: dic
             "dp_exposed_s": exposed + st.dp_step_s,
             "hidden_comm_s": hidden,
             "optimizer_s": st.optimizer_s,
+            "straggler_s": straggler,
         })
     return {"stages": parts, "critical": max(range(par.pp), key=lambda r: parts[r]["end_s"])}
 
@@ -764,14 +849,26 @@ class MeasuredTimes(Times):
         return self
 
     def compute(self, op, bound):
-        if op not in self.matched and op.impl == "adam" and self._adam:
-            from commbench.compute.runner import TORCH_DTYPES
-            same = [m for m in self._adam if m.case.dtype == TORCH_DTYPES[op.dtype]] or self._adam
-            ref = max(same, key=lambda m: m.case.params["m"])
+        ref = self._adam_stand_in(op)
+        if ref is not None:
             self.notes.setdefault(("adam",), f"adam step scaled from a measured shard of {ref.case.params['m']} "
                                              "elements (linear in elements)")
             return central_time(ref, bound) * op.m / ref.case.params["m"]
         return super().compute(op, bound)
+
+    def spread(self, op):
+        ref = self._adam_stand_in(op)
+        if ref is not None:
+            return spread_s(ref) * op.m / ref.case.params["m"]
+        return super().spread(op)
+
+    def _adam_stand_in(self, op):
+        """The measured Adam shard that stands in for an unmeasured one, or None."""
+        if op in self.matched or op.impl != "adam" or not self._adam:
+            return None
+        from commbench.compute.runner import TORCH_DTYPES
+        same = [m for m in self._adam if m.case.dtype == TORCH_DTYPES[op.dtype]] or self._adam
+        return max(same, key=lambda m: m.case.params["m"])
 
     def comm(self, collective, nbytes, group_size, num_nodes, dtype, bound):
         if self.comm_model is None:

@@ -63,6 +63,9 @@ class CachedTimes:
     def slowest_rank(self, op, bound: str) -> float:
         return self.inner.slowest_rank(op, bound)
 
+    def spread(self, op) -> float:
+        return self.inner.spread(op)
+
     def burst(self, pieces, group_size: int, num_nodes: int, dtype: str, bound: str):
         return self.inner.burst(pieces, group_size, num_nodes, dtype, bound)
 

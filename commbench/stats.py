@@ -1,6 +1,7 @@
 """Statistics of raw samples: percentiles, a distribution-free CI of the median,
 and pyperf-style instability warnings. Everything here is derived, never stored
 in place of the raw samples."""
+import functools
 import math
 
 import numpy as np
@@ -118,3 +119,19 @@ def central(summary: dict, iters: int, statistic: str) -> tuple[float, float, fl
     mean = summary["time_mean_s"]
     half = mean_half_width(summary.get("time_stdev_s", 0.0), iters)
     return mean, max(0.0, mean - half), mean + half
+
+
+@functools.lru_cache(maxsize=None)
+def expected_max_normal(n: int) -> float:
+    """E[max of n independent standard normals]: how many standard deviations
+    above the mean the last of n ranks arrives at a barrier (0 for one rank,
+    1/sqrt(pi) = 0.564 for two, 1.029 for four, 3.04 for 512): the integral of
+    x n phi(x) Phi(x)^(n-1)."""
+    if n < 1:
+        raise ValueError(f"expected_max_normal needs n >= 1, got {n}")
+    if n == 1:
+        return 0.0
+    from scipy import integrate
+    from scipy.stats import norm
+    value, _ = integrate.quad(lambda x: x * n * norm.pdf(x) * norm.cdf(x) ** (n - 1), -12.0, 12.0, limit=200)
+    return float(value)
