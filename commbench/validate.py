@@ -34,6 +34,24 @@ def timing_settings(time_budget_s: float = TIME_BUDGET_S, max_iters: int = MAX_I
     return t
 
 
+# what a step's prediction is made of wherever it was measured: a stage's whole
+# micro-batch (as a module, or with its TP, FSDP or pipeline in place), the
+# data-parallel framework's work and the optimizer step. Each is timed
+# STEP_OP_BUDGET_FACTOR times the budget of a kernel: a kernel stands in only
+# where its module was not measured, and a micro-batch of tens of ms gets only
+# a dozen calls in the kernels' budget, which a slow phase of the machine
+# lasting a second can fill
+STEP_SCOPES = ("stage_module", "tp_stage", "dp_in_place", "pp_stage", "framework", "optimizer")
+STEP_OP_BUDGET_FACTOR = 4
+
+
+def settings_for(timing: TimingSettings):
+    """op -> its timing in validate: STEP_OP_BUDGET_FACTOR x the budget for the ops of STEP_SCOPES."""
+    from dataclasses import replace
+    step = replace(timing, time_budget_s=timing.time_budget_s * STEP_OP_BUDGET_FACTOR)
+    return lambda op: step if op.scope in STEP_SCOPES else timing
+
+
 
 def tp_impl_for(model, par, asked: str = "auto") -> str:
     """The tensor-parallel implementation validate runs: Megatron-style
@@ -103,8 +121,9 @@ def run_round(backend, info, workload, model, par, device, steps, warmup, out_di
     comm_path, compute_path = os.path.join(out_dir, "comm.jsonl"), os.path.join(out_dir, "compute.jsonl")
     inter_path = os.path.join(out_dir, "interference.jsonl")
     compute_rf = runner.run(workload.compute_ops, info, device, timing, compute_path, overwrite, argv,
-                            timeout_s=timeout_s, backend=backend,
-                            extra_settings={"plan": {"model": model.to_dict(), "parallelism": workload.parallelism}})
+                            timeout_s=timeout_s, backend=backend, settings_for=settings_for(timing),
+                            extra_settings={"plan": {"model": model.to_dict(), "parallelism": workload.parallelism},
+                                            "step_op_time_budget_s": timing.time_budget_s * STEP_OP_BUDGET_FACTOR})
     comm_rf = None
     if workload.comm_ops:
         config = RunConfig(device=device, timing=timing, timeout_s=timeout_s)
@@ -196,7 +215,8 @@ def report(workload, par, rounds: list, device, timing) -> dict:
                  "num_microbatches": par.num_microbatches, "seq": par.seq or workload.model["seq"], "dtype": par.dtype,
                  "schedule": par.schedule, "interleave": par.interleave, "recompute": par.recompute},
         "device": device,
-        "timing": {"time_budget_s": timing.time_budget_s, "max_iters": timing.max_iters,
+        "timing": {"time_budget_s": timing.time_budget_s,
+                   "step_op_time_budget_s": timing.time_budget_s * STEP_OP_BUDGET_FACTOR, "max_iters": timing.max_iters,
                    "target_ci": timing.target_ci, "ci_of": timing.ci_of},
         "interference": None if slows[0] is None else {k: statistics.mean(s[k] for s in slows) for k in slows[0]},
         "malloc_mmap_threshold_b": launch.ALLOCATOR_MMAP_THRESHOLD_B,

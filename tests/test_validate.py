@@ -27,7 +27,8 @@ def test_validate_ddp_two_ranks(tmp_path):
     assert doc["plan"]["dp"] == 2 and doc["plan"]["num_microbatches"] == 2 and doc["plan"]["dtype"] == "fp32"
     assert "DDP" in doc["implementation"] and all(x == x for x in doc["losses"])
     # the two measurements it predicted from are on disk, from the same 2 ranks
-    assert doc["timing"] == {"time_budget_s": 0.5, "max_iters": 2000, "target_ci": 0.02, "ci_of": "mean"}
+    assert doc["timing"] == {"time_budget_s": 0.5, "step_op_time_budget_s": 2.0, "max_iters": 2000,
+                             "target_ci": 0.02, "ci_of": "mean"}
     assert doc["malloc_mmap_threshold_b"] == 32 << 20      # launch.steady_allocator on every rank
     (one,) = doc["rounds"]
     assert one["measured_steps_s"] == doc["measured_steps_s"] and one["error_pct"] == doc["error_pct"]
@@ -38,6 +39,7 @@ def test_validate_ddp_two_ranks(tmp_path):
     compute = results.load(doc["results"]["compute"][0])
     assert all(m.case.kind == "compute" and m.case.concurrent_groups == 2 for m in compute.measurements)
     assert {"stage_fwd", "stage_bwd", "adam", "gemm_nt"} <= {m.case.op for m in compute.measurements}
+    assert compute.header["settings"]["step_op_time_budget_s"] == 2.0
     assert doc["interference"]["compute"] >= 1 and doc["interference"]["comm"] >= 1
 
 
@@ -92,3 +94,22 @@ def test_validate_refuses_what_it_cannot_run(tmp_path):
     assert p.returncode == 2 and "selective" in p.stderr
     assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "v").exists()
+
+
+def test_step_ops_get_the_larger_budget():
+    """The ops a step's prediction is made of (whole micro-batches, the
+    framework's work, the optimizer) are timed 4 x longer than the kernels,
+    which stand in only where their module was not measured."""
+    from commbench import models, validate
+    from commbench.parallel import Parallelism
+    from commbench.plan import build
+    timing = validate.timing_settings(0.25, 300)
+    of = validate.settings_for(timing)
+    par = Parallelism(world=4, gpus_per_node=4, tp=2, zero=0, global_batch=8, dtype="fp32")
+    ops = build(models.get("tiny-gpt"), par).compute_ops
+    by_scope = {}
+    for op in ops:
+        by_scope.setdefault(op.scope, set()).add(of(op).time_budget_s)
+    assert by_scope["stage_module"] == by_scope["tp_stage"] == by_scope["optimizer"] == {1.0}
+    assert by_scope["layer_module"] == {0.25} and by_scope["layer"] == {0.25}
+    assert all(of(op).max_iters == 300 and of(op).target_ci == timing.target_ci for op in ops)

@@ -195,9 +195,10 @@ def measure(backend, timer, case: Case, op, settings, hosts, torch, device, rank
 
 
 def run(workload_ops, launch, device, settings, out_path, overwrite, argv, flush_l2=False, timeout_s=None,
-        reporter=None, extra_settings=None, backend=None):
+        reporter=None, extra_settings=None, backend=None, settings_for=None):
     """Time the distinct ops on this rank (all ranks at once). Returns the
-    ResultFile on rank 0, None elsewhere. A torch backend passed in is used and
+    ResultFile on rank 0, None elsewhere. settings_for(op), if given, is the
+    timing of that op (settings, the header's, for the others). A torch backend passed in is used and
     left open. Each kernel's setup and timing run under a watchdog.Guard:
     a hung or dead rank ends the job with EXIT_TIMEOUT and one line naming the
     kernel and the rank (timeout_s: its T, as `run --timeout`)."""
@@ -245,17 +246,18 @@ def run(workload_ops, launch, device, settings, out_path, overwrite, argv, flush
                 for case, op in todo:
                     bound = call_s(op, timer)
                     with guard.step(describe(case, backend.world_size), 2 * bound):
-                        m = measure(backend, timer, case, op, settings, hosts, torch, device, on_host,
-                                    on_phase=guard.on_phase(bound))
+                        m = measure(backend, timer, case, op, settings_for(op) if settings_for else settings,
+                                    hosts, torch, device, on_host, on_phase=guard.on_phase(bound))
                     keep(m)
                 for items in pipelines:
+                    mine = settings_for(items[0][1]) if settings_for else settings
                     # whole steps of the plan's pipeline: at most max_iters calls of a chunk after
                     # (warmup + 3) steps of m calls, plus the set-up
-                    bound = sum(call_s(op, timer) * (settings.max_iters + (settings.warmup + 3) * op.count)
+                    bound = sum(call_s(op, timer) * (mine.max_iters + (mine.warmup + 3) * op.count)
                                 for _, op in items)
                     with guard.step(f"compute pipeline_fwd/bwd of {len(items) // 2} virtual stages in the plan's "
                                     f"schedule on ranks 0-{backend.world_size - 1}", 2 * bound + 60.0):
-                        for m in pipeline_stage.measure(backend, items, settings, device, hosts):
+                        for m in pipeline_stage.measure(backend, items, mine, device, hosts):
                             keep(m)
         finally:
             if writer:
