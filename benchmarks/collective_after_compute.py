@@ -19,7 +19,6 @@ cost the same in both contexts, `both` per iteration = compute + comm.
         [--iters 400] [--repeats 2]
 """
 import argparse
-import os
 import sys
 import time
 
@@ -82,11 +81,8 @@ def main():
     ap.add_argument("--iters", type=int, default=400)
     ap.add_argument("--repeats", type=int, default=2)
     a = ap.parse_args()
-    if "RANK" in os.environ:
-        return rank_main(a.nbytes, a.gemms, a.iters, a.repeats)
-    import subprocess
-    return subprocess.call([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(a.nprocs),
-                            __file__, *sys.argv[1:]], env=dict(os.environ, OMP_NUM_THREADS="1"))
+    from torchrun import ranks_or_launch
+    return ranks_or_launch(a.nprocs, __file__, lambda: rank_main(a.nbytes, a.gemms, a.iters, a.repeats))
 
 
 if __name__ == "__main__":

@@ -101,11 +101,8 @@ def main():
     ap.add_argument("--microbatches", type=int, default=4)
     ap.add_argument("--steps", type=int, default=40)
     a = ap.parse_args()
-    if "RANK" in os.environ:
-        return rank_main(a.model, a.microbatches, a.steps)
-    import subprocess
-    return subprocess.call([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(a.nprocs),
-                            __file__, *sys.argv[1:]], env=dict(os.environ, OMP_NUM_THREADS="1"))
+    from torchrun import ranks_or_launch
+    return ranks_or_launch(a.nprocs, __file__, lambda: rank_main(a.model, a.microbatches, a.steps))
 
 
 if __name__ == "__main__":
