@@ -179,9 +179,15 @@ class Times:
         return self.spec.compute_time_s(op)
 
     def spread(self, op) -> float:
-        """spread_s of a measured op; 0 for a time from a SystemSpec (no spread known)."""
+        """spread_s of a measured op (computed once per op: every bound and
+        composition asks again); 0 for a time from a SystemSpec (no spread known)."""
         m = self.matched.get(op)
-        return spread_s(m) if m is not None else 0.0
+        if m is None:
+            return 0.0
+        cache = self.__dict__.setdefault("_spreads", {})
+        if op not in cache:
+            cache[op] = spread_s(m)
+        return cache[op]
 
     def slowest_rank(self, op, bound: str) -> float:
         """A measured op's time on its slowest rank. compute() is that where the
