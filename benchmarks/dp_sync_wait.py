@@ -13,7 +13,7 @@ micro-batches, all under no_sync, then, timed apart on every rank:
 and prints each rank's mean forward, backward, barrier, all-reduce and Adam
 time, and, from each rank's own step compute (its micro-batches and Adam), the
 spread of the ranks' compute relative to each other (the predictor's sigma,
-as predict.spread_s forms it from the ranks' samples) and E[max of N normals]
+stats.relative_spread, as predict.spread_s takes it) and E[max of N normals]
 x sigma, the wait the predictor would add.
 
     .venv/bin/python benchmarks/dp_sync_wait.py [--nprocs 4] [--model tiny-gpt] [--microbatches 4] [--steps 40]
@@ -84,9 +84,7 @@ def rank_main(model_name: str, m: int, steps: int):
               f"means in ms per rank")
         for k in ("fwd", "bwd", "barrier", "all_reduce", "adam"):
             print(f"  {k:<10} " + " ".join(f"{r[k].mean() * 1e3:7.2f}" for r in every))
-        comp = np.stack([r["compute"] for r in every])
-        resid = comp - comp.mean(axis=1, keepdims=True) - comp.mean(axis=0, keepdims=True) + comp.mean()
-        sigma = float(np.sqrt((resid ** 2).sum() / ((world - 1) * (steps - 1))))
+        sigma = stats.relative_spread([r["compute"] for r in every])
         wait = stats.expected_max_normal(world) * sigma
         print(f"step compute (micro-batches + Adam): spread of the ranks relative to each other {sigma * 1e3:.2f} ms;"
               f" E[max of {world} normals] x that = {wait * 1e3:.2f} ms; barrier measured "

@@ -124,27 +124,24 @@ def spread_s(m) -> float:
     """The standard deviation of one call of a compute measurement on one rank
     relative to its peers (scaled as central_time scales the call): what makes
     ranks arrive apart at a synchronisation. Where the measurement holds two or
-    more ranks' own samples (timed side by side, call i of every rank at about
-    the same time), the residual of the two-way layout x[r, i] = mean + rank
-    effect + call effect + e: a slowdown common to every rank at the same call
-    (the machine's speed drifting) makes no rank wait for another, and a rank
-    that is slower throughout is the slowest rank's mean already
-    (central_time); e's variance is sum(e^2) / ((R - 1)(n - 1)). With one
-    rank's samples, their variance; without any, that of the per-call maxima."""
+    more ranks' own samples (timed side by side), stats.relative_spread: a
+    slowdown common to every rank at the same call (the machine's speed
+    drifting) makes no rank wait for another, and a rank that is slower
+    throughout is the slowest rank's mean already (central_time). With one
+    rank's samples, their standard deviation; without any, that of the
+    per-call maxima."""
     import numpy as np
 
     from commbench.compute.runner import scale
-    own = [np.asarray(s, dtype=np.float64) for s in (m.rank_samples_s or []) if len(s) > 1]
-    n = min((len(x) for x in own), default=0)
+    from commbench.stats import relative_spread
+    own = [s for s in (m.rank_samples_s or []) if len(s) > 1]
     if len(own) >= 2:
-        x = np.stack([s[:n] for s in own])
-        e = x - x.mean(axis=1, keepdims=True) - x.mean(axis=0, keepdims=True) + x.mean()
-        var = float((e ** 2).sum()) / ((len(own) - 1) * (n - 1))
+        sd = relative_spread(own)
     elif own:
-        var = float(own[0].var(ddof=1))
+        sd = float(np.std(own[0], ddof=1))
     else:
-        var = float(m.stats.get("time_stdev_s") or 0.0) ** 2
-    return math.sqrt(var) * scale(m)
+        sd = float(m.stats.get("time_stdev_s") or 0.0)
+    return sd * scale(m)
 
 
 class Times:
@@ -723,10 +720,11 @@ def straggler_wait(st: StageTimes, m: int, dp_ops: list, times: Times, stage: in
         return 0.0
     sigma = math.sqrt(m * st.mb_var_s2 + st.optimizer_var_s2)
     ranks = max(c.group_size for c in dp_ops)
-    wait = expected_max_normal(ranks) * sigma
+    behind = expected_max_normal(ranks)
+    wait = behind * sigma
     if wait > 0:
         times.notes.setdefault(("straggler", stage), f"stage {stage}: the last of its {ranks} data-parallel ranks "
-                               f"reaches the gradient synchronisation {expected_max_normal(ranks):.2f} x "
+                               f"reaches the gradient synchronisation {behind:.2f} x "
                                f"{sigma * 1e3:.3f} ms (the spread of a rank's step compute) after the mean: "
                                f"+{wait * 1e3:.3f} ms, in DP/ZeRO exposed")
     return wait

@@ -135,3 +135,16 @@ def expected_max_normal(n: int) -> float:
     from scipy.stats import norm
     value, _ = integrate.quad(lambda x: x * n * norm.pdf(x) * norm.cdf(x) ** (n - 1), -12.0, 12.0, limit=200)
     return float(value)
+
+
+def relative_spread(per_rank) -> float:
+    """The standard deviation of one rank's sample relative to its peers': the
+    residual of the two-way layout x[r, i] = mean + rank effect + call effect +
+    e over R >= 2 ranks' samples (each truncated to the shortest, n >= 2; call
+    i of every rank taken at about the same time), sqrt(sum(e^2) / ((R - 1)(n - 1))).
+    A slowdown common to every rank at the same call, and a rank slower
+    throughout, are not in it."""
+    n = min(len(s) for s in per_rank)
+    x = np.stack([np.asarray(s[:n], dtype=np.float64) for s in per_rank])
+    e = x - x.mean(axis=1, keepdims=True) - x.mean(axis=0, keepdims=True) + x.mean()
+    return math.sqrt(float((e ** 2).sum()) / ((len(per_rank) - 1) * (n - 1)))
