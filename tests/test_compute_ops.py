@@ -223,3 +223,23 @@ def test_timed_layer_module_is_the_models_layer_at_the_rank_shard(spec, tp):
     assert sum(p.numel() for p in layer.parameters()) == norms + weights + biases
     if tp == 1:
         assert sum(p.numel() for p in layer.parameters()) == spec.layer_params()
+
+
+@pytest.mark.parametrize("name", ["tiny-gpt", "tiny-llama"])
+@pytest.mark.parametrize("pp", [1, 2])
+def test_timed_stages_hold_the_parameters_training_shards(name, pp):
+    """The stages timed whole (and under FSDP in place) hold what training.py
+    trains: one stage ties its head to its embedding as the model does (an
+    untied copy would gather and reduce-scatter V x h more under ZeRO-2/3),
+    while pipeline stages each keep their own copy of a tied embedding."""
+    import torch
+
+    from commbench import torch_model
+    from commbench.compute import modules
+    spec = models.get(name)
+    par = Parallelism(world=pp, gpus_per_node=pp, pp=pp, micro_batch=1, global_batch=4)
+    stages = [o for o in compute_ops(spec, par) if o.impl == "stage_fwd"]
+    held = sum(sum(p.numel() for p in modules.build(o, "cpu", torch.float32)[0].parameters()) for o in stages)
+    whole = sum(p.numel() for p in torch_model.build(spec).parameters())
+    copies = spec.vocab * spec.hidden if spec.tied_embeddings and pp > 1 else 0
+    assert held == whole + copies

@@ -34,7 +34,8 @@ class LocalHead(nn.Module):
 class LocalStage(nn.Module):
     """A pipeline stage at the rank's shard: the (vocabulary-parallel) embedding
     and learned positions on the first stage, its layers, and the head with the
-    loss on the last, called as the training step calls the model."""
+    loss on the last (its logits on the embedding's weight where tied), called
+    as the training step calls the model."""
 
     def __init__(self, p):
         super().__init__()
@@ -45,6 +46,8 @@ class LocalStage(nn.Module):
         self.layers = nn.ModuleList(local_layer(p) for _ in range(p["layers"]))
         if self.last:
             self.head = LocalHead(p)
+        if p.get("tied"):
+            self.head.logits.weight = self.embed.weight
 
     def forward(self, x, target):
         if self.first:

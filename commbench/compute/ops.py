@@ -264,9 +264,12 @@ def _layer_shape(model: ModelSpec, par: Parallelism) -> dict:
 
 
 def _stage_shape(model: ModelSpec, par: Parallelism, stage: int) -> dict:
-    """A pipeline stage at the rank's TP shard (compute.modules.LocalStage)."""
+    """A pipeline stage at the rank's TP shard (compute.modules.LocalStage); tied:
+    its head is its embedding's weight, as training.py ties them where one
+    stage holds both (torch's pipelining shares no weight across stages)."""
+    first, last = stage == 0, stage == par.pp - 1
     return dict(_layer_shape(model, par), vocab=-(-model.vocab // par.tp), layers=model.num_layers // par.pp,
-                first=stage == 0, last=stage == par.pp - 1)
+                first=first, last=last, tied=bool(model.tied_embeddings and first and last))
 
 
 def _stage_work(model: ModelSpec, par: Parallelism, stage: int, layer: list) -> list:
