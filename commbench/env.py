@@ -108,7 +108,8 @@ def gpus() -> list:
 def rank_info(launch, device: str) -> dict:
     """What each rank reports about itself (gathered to rank 0)."""
     from commbench.launch import hostname
-    info = {"rank": launch.rank, "host": hostname(), "local_rank": launch.local_rank, "pid": os.getpid()}
+    info = {"rank": launch.rank, "host": hostname(), "local_rank": launch.local_rank, "pid": os.getpid(),
+            "machine": machine_id(), "threads": compute_threads()}
     if device == "cuda":
         try:
             import torch
@@ -119,15 +120,47 @@ def rank_info(launch, device: str) -> dict:
     return info
 
 
+def machine_id() -> str:
+    """The running kernel's boot id: one per machine, the same in every network
+    namespace of it (commbench emulate's nodes share one machine's cores); the
+    host name where the kernel does not expose it."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        from commbench.launch import hostname
+        return hostname()
+
+
+def compute_threads() -> int:
+    """The threads this rank's torch kernels run on (launch.setup_cpu_rank sets them on a CPU)."""
+    import torch
+    return torch.get_num_threads()
+
+
 def cluster(ranks: list) -> dict:
+    """ranks_per_machine: ranks per physical machine (machine_id), whose cores
+    they share: emulated nodes are host names on one machine."""
     hosts = []
     for r in ranks:
         if r["host"] not in hosts:
             hosts.append(r["host"])
     per_host = {h: sum(1 for r in ranks if r["host"] == h) for h in hosts}
+    machines = [r.get("machine", r["host"]) for r in ranks]
     return {"num_ranks": len(ranks), "num_hosts": len(hosts), "hosts": hosts,
-            "ranks_per_host": per_host, "cpu_model": cpu_model(), "cpu_count": os.cpu_count(),
+            "ranks_per_host": per_host, "ranks_per_machine": {k: machines.count(k) for k in dict.fromkeys(machines)},
+            "threads_per_rank": max((r.get("threads", 1) for r in ranks), default=1),
+            "cpu_model": cpu_model(), "cpu_count": os.cpu_count(),
             "gpus": gpus(), "rank_devices": {r["rank"]: r.get("gpu") for r in ranks if r.get("gpu")}}
+
+
+def cores_shared(cluster_info: dict) -> bool:
+    """Whether the ranks of a run on CPUs had more threads on a machine than it
+    has cores (older results without ranks_per_machine: per host)."""
+    per = cluster_info.get("ranks_per_machine") or cluster_info.get("ranks_per_host") or {}
+    cores = cluster_info.get("cpu_count") or 0
+    threads = cluster_info.get("threads_per_rank") or 1
+    return bool(cores) and any(n * threads > cores for n in per.values())
 
 
 def header(launch, ranks: list, argv: list, run_id: str, created_at: str, settings: dict) -> dict:

@@ -42,7 +42,11 @@ Composition, for each pipeline stage (every rank of a stage does the same):
    - the gradient synchronisation waits for the last of the dp group's R ranks:
      a rank's compute between two synchronisations varies by sigma (its calls'
      measured spreads, independent), and the last arrives E[max of R standard
-     normals] sigma after the mean (straggler_wait; in dp_exposed_s).
+     normals] sigma after the mean (straggler_wait; in dp_exposed_s), unless
+     the measured ranks shared a machine's cores (more threads than cores, on
+     a CPU): a rank that waits yields its core to the others, so the last one
+     catches up and the step ends when their work is done, which the calls'
+     means timed side by side already hold.
 4. After the pipeline and the DP tail: once-per-step collectives (ZeRO-1
    parameter broadcasts / all-gathers, one after another as a stream or gloo's
    queue runs them; the tied-embedding all-reduce; the sequence-parallel
@@ -156,6 +160,8 @@ class Times:
         # whether the host issues work ahead of the device that runs it (a GPU's
         # stream): a CPU "device" runs each op as the host reaches it
         self.host_runs_ahead = True
+        # whether the measured ranks shared a machine's cores (straggler_wait)
+        self.ranks_share_cores = False
 
     def measured(self, op) -> bool:
         return op in self.matched
@@ -714,9 +720,16 @@ def straggler_wait(st: StageTimes, m: int, dp_ops: list, times: Times, stage: in
     spreads, independent), and the last of R ranks arrives E[max of R standard
     normals] sigma after the mean (stats.expected_max_normal), which grows with
     the dp group as a job scales. 0 without DP collectives in the backward or
-    forward (those timed in place carry their waits), or without measured spread."""
+    forward (those timed in place carry their waits), without measured spread,
+    or where the measured ranks shared a machine's cores (Times.ranks_share_cores:
+    a rank that waits gives its core to the others, and the last catches up)."""
     from commbench.stats import expected_max_normal
     if not dp_ops:
+        return 0.0
+    if times.ranks_share_cores:
+        times.notes.setdefault(("straggler", stage), f"stage {stage}: no wait for the last data-parallel rank: "
+                               "the measured ranks shared a machine's cores, where a rank that waits yields "
+                               "its core and the last catches up")
         return 0.0
     sigma = math.sqrt(m * st.mb_var_s2 + st.optimizer_var_s2)
     ranks = max(c.group_size for c in dp_ops)
@@ -836,6 +849,7 @@ class MeasuredTimes(Times):
         super().__init__(comm_model, spec=spec, interference=interference)
         self.compute_files, self.device = list(compute_files), device
         self.host_runs_ahead = device != "cpu"
+        self.ranks_share_cores = any(_shared_cores(rf) for rf in self.compute_files)
         self._adam = [m for rf in self.compute_files for m in rf.measurements
                       if m.case.kind == "compute" and m.case.op == "adam" and m.status == "ok"]
 
@@ -889,6 +903,14 @@ class MeasuredTimes(Times):
     def _spec_comm(self, collective, nbytes, group_size, num_nodes):
         self.notes.setdefault(("comm-spec",), f"collective times from SystemSpec {self.spec.name} (not measured)")
         return self.spec.collective_time_s(collective, nbytes, group_size, num_nodes)
+
+
+def _shared_cores(rf) -> bool:
+    """Whether a compute results file was measured by CPU ranks that shared a
+    machine's cores (env.cores_shared)."""
+    from commbench import env
+    cpu = any(m.case.kind == "compute" and m.case.device == "cpu" for m in rf.measurements)
+    return cpu and env.cores_shared(rf.header.get("cluster") or {})
 
 
 def interference_factors(path_or_file) -> dict:

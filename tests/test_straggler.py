@@ -112,3 +112,50 @@ def test_spread_of_one_rank_or_of_older_results():
     # older results without every rank's samples: the per-call maxima's spread
     old = _compute_measurement([2.0, 4.0, 6.0], None)
     assert predict.spread_s(old) == pytest.approx(statistics.stdev([2.0, 4.0, 6.0]))
+
+
+def test_no_wait_where_the_measured_ranks_shared_the_cores():
+    """A rank that waits on an oversubscribed CPU yields its core: the last
+    catches up, and the step is the calls' means (no straggler term)."""
+    par, w, times = _dp_plan(4, {"layer fwd": 0.3, "layer bwd": 0.4, "adam": 0.5})
+    times.ranks_share_cores = True
+    sb = predict.predict(w, par, times)
+    assert sb.stages[0]["straggler_s"] == 0.0
+    assert sb.step_time_s == pytest.approx(2 * (10 + 20) + 5 + 1)
+    assert any("shared a machine's cores" in n for n in sb.notes)
+
+
+@pytest.mark.parametrize("per_machine, threads, cores, shared", [
+    ({"m": 4}, 1, 2, True),                  # 4 ranks on 2 cores
+    ({"m": 2}, 1, 2, False),                 # one core each
+    ({"m": 2}, 2, 2, True),                  # two threads each on 2 cores
+    ({"a": 2, "b": 2}, 1, 2, False),         # two machines of 2 cores
+    ({"a": 2, "b": 3}, 1, 2, True),
+])
+def test_cores_shared_counts_threads_per_machine(per_machine, threads, cores, shared):
+    from commbench import env
+    info = {"ranks_per_machine": per_machine, "threads_per_rank": threads, "cpu_count": cores}
+    assert env.cores_shared(info) is shared
+
+
+def test_emulated_nodes_are_one_machine():
+    """Ranks on two host names of one kernel (commbench emulate's namespaces)
+    count as one machine's: they share its cores."""
+    from commbench import env
+    ranks = [{"rank": r, "host": f"node{r // 2}", "machine": "boot-1", "threads": 1} for r in range(4)]
+    info = env.cluster(ranks)
+    assert info["ranks_per_host"] == {"node0": 2, "node1": 2}
+    assert info["ranks_per_machine"] == {"boot-1": 4} and info["threads_per_rank"] == 1
+    assert env.cores_shared(dict(info, cpu_count=2)) and not env.cores_shared(dict(info, cpu_count=4))
+    # older results (no ranks_per_machine): per host
+    assert not env.cores_shared({"ranks_per_host": {"node0": 2, "node1": 2}, "cpu_count": 2})
+
+
+def test_measured_times_read_shared_cores_from_the_compute_file_header():
+    from commbench.results import ResultFile
+    m = _compute_measurement([1.0, 2.0], [[1.0, 2.0], [1.5, 2.5]])
+    over = {"cluster": {"ranks_per_machine": {"x": 4}, "threads_per_rank": 1, "cpu_count": 2}}
+    fits = {"cluster": {"ranks_per_machine": {"x": 2}, "threads_per_rank": 1, "cpu_count": 2}}
+    assert predict.MeasuredTimes(None, [ResultFile(over, [m])], device="cpu").ranks_share_cores
+    assert not predict.MeasuredTimes(None, [ResultFile(fits, [m])], device="cpu").ranks_share_cores
+    assert not predict.MeasuredTimes(None, [], device="cpu").ranks_share_cores
