@@ -45,6 +45,11 @@ class TimingSettings:
     time_budget_s: float = 1.0   # per case, after the minimum iterations
     target_ci: float = 0.01
     ci_of: str = "median"     # the statistic whose CI the target is on: the median, or the mean (predict's)
+    # timed calls go on, whatever their precision, until they have taken this
+    # long (within the budget): the CI of back-to-back calls takes them as
+    # independent, and a dozen calls on a machine whose speed drifts over
+    # seconds see one of its phases, not its average
+    min_time_s: float = 0.0
 
     def check(self):
         """ValueError naming the flag of a value the protocol cannot run with."""
@@ -60,6 +65,8 @@ class TimingSettings:
             raise ValueError(f"--target-ci must be in [0, 1), got {self.target_ci}")
         if not (math.isfinite(self.time_budget_s) and self.time_budget_s >= 0):
             raise ValueError(f"--time-budget must be a finite number of seconds >= 0, got {self.time_budget_s}")
+        if not (math.isfinite(self.min_time_s) and self.min_time_s >= 0):
+            raise ValueError(f"min_time_s must be a finite number of seconds >= 0, got {self.min_time_s}")
 
 
 def check_timeout(timeout_s):
@@ -100,11 +107,12 @@ def measure(backend, op, settings: TimingSettings, on_phase=None) -> Timed:
         maxed += backend.control_reduce(np.asarray(s, dtype=np.float64), "max").tolist()
         stop = True
         if backend.rank == 0:
-            done = len(maxed)
+            done, spent = len(maxed), time.monotonic() - start
             stop = (settings.target_ci <= 0
                     or done >= settings.max_iters
-                    or time.monotonic() - start >= settings.time_budget_s
-                    or (done >= stats.MIN_CI_SAMPLES and stats.precision(maxed, settings.ci_of) <= settings.target_ci))
+                    or spent >= settings.time_budget_s
+                    or (done >= stats.MIN_CI_SAMPLES and spent >= settings.min_time_s
+                        and stats.precision(maxed, settings.ci_of) <= settings.target_ci))
             # the next batch doubles the count, within the iteration cap and
             # (estimated from the median so far) the time left
             left = settings.time_budget_s - (time.monotonic() - start)

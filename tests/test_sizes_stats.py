@@ -353,6 +353,35 @@ def test_adaptive_stop_targets_the_statistic_asked_for(ci_of):
         assert n == 5000
 
 
+class ClockedBackend(ScriptedBackend):
+    """Calls of 1 ms, all alike (the CI is met at once), on a clock that each
+    call advances (timing.time.monotonic patched to it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.now = 0.0
+
+    def time_iterations(self, op, iters):
+        self.now += 1e-3 * iters
+        return [1e-3] * iters
+
+
+def test_calls_go_on_for_the_minimum_time_though_the_ci_is_met(monkeypatch):
+    from commbench import timing
+    from commbench.timing import TimingSettings, measure
+    backend = ClockedBackend()
+    monkeypatch.setattr(timing.time, "monotonic", lambda: backend.now)
+    quick = TimingSettings(warmup=0, iters=10, max_iters=100000, time_budget_s=2.0, target_ci=0.02)
+    assert len(measure(backend, None, quick).samples_s) == 10
+    slow = TimingSettings(warmup=0, iters=10, max_iters=100000, time_budget_s=2.0, target_ci=0.02, min_time_s=0.5)
+    n = len(measure(backend, None, slow).samples_s)
+    assert 500 <= n < 1000          # at least 0.5 s of 1 ms calls, batches doubling at most
+    capped = TimingSettings(warmup=0, iters=10, max_iters=100000, time_budget_s=0.2, target_ci=0.02, min_time_s=0.5)
+    assert 200 <= len(measure(backend, None, capped).samples_s) < 400      # the budget still ends it
+    with pytest.raises(ValueError, match="min_time_s"):
+        TimingSettings(min_time_s=-1).check()
+
+
 def test_timing_settings_reject_an_unknown_statistic():
     from commbench.timing import TimingSettings
     with pytest.raises(ValueError, match="ci_of 'p99'"):

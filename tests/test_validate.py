@@ -112,4 +112,7 @@ def test_step_ops_get_the_larger_budget():
         by_scope.setdefault(op.scope, set()).add(of(op).time_budget_s)
     assert by_scope["stage_module"] == by_scope["tp_stage"] == by_scope["optimizer"] == {1.0}
     assert by_scope["layer_module"] == {0.25} and by_scope["layer"] == {0.25}
+    # and are timed for at least the kernels' budget, their CI met or not
+    assert {of(op).min_time_s for op in ops if op.scope in validate.STEP_SCOPES} == {0.25}
+    assert {of(op).min_time_s for op in ops if op.scope not in validate.STEP_SCOPES} == {0.0}
     assert all(of(op).max_iters == 300 and of(op).target_ci == timing.target_ci for op in ops)
