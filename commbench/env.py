@@ -133,9 +133,16 @@ def machine_id() -> str:
 
 
 def compute_threads() -> int:
-    """The threads this rank's torch kernels run on (launch.setup_cpu_rank sets them on a CPU)."""
-    import torch
-    return torch.get_num_threads()
+    """The threads this rank's torch kernels run on (launch.setup_cpu_rank sets
+    them on a CPU); without torch loaded (an MPI or cupy run), OMP_NUM_THREADS
+    or 1."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return torch.get_num_threads()
+    try:
+        return max(1, int(os.environ.get("OMP_NUM_THREADS", "1")))
+    except ValueError:
+        return 1
 
 
 def cluster(ranks: list) -> dict:
