@@ -46,6 +46,10 @@ class CachedTimes:
     def host_runs_ahead(self):
         return self.inner.host_runs_ahead
 
+    @property
+    def ranks_share_cores(self):
+        return self.inner.ranks_share_cores
+
     def has_band(self) -> bool:
         return self.inner.has_band()
 

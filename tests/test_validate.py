@@ -27,8 +27,8 @@ def test_validate_ddp_two_ranks(tmp_path):
     assert doc["plan"]["dp"] == 2 and doc["plan"]["num_microbatches"] == 2 and doc["plan"]["dtype"] == "fp32"
     assert "DDP" in doc["implementation"] and all(x == x for x in doc["losses"])
     # the two measurements it predicted from are on disk, from the same 2 ranks
-    assert doc["timing"] == {"time_budget_s": 0.5, "step_op_time_budget_s": 2.0, "max_iters": 2000,
-                             "target_ci": 0.02, "ci_of": "mean"}
+    assert doc["timing"] == {"time_budget_s": 0.5, "step_op_time_budget_s": 2.0, "step_op_min_time_s": 0.5,
+                             "max_iters": 2000, "target_ci": 0.02, "ci_of": "mean"}
     assert doc["malloc_mmap_threshold_b"] == 32 << 20      # launch.steady_allocator on every rank
     (one,) = doc["rounds"]
     assert one["measured_steps_s"] == doc["measured_steps_s"] and one["error_pct"] == doc["error_pct"]
