@@ -212,6 +212,9 @@ class Watchdog:
         self.stream = stream or sys.stderr
         progress.watchdog = self
         self._lock = threading.Lock()
+        # held by the first report(): the watchdog thread's deadline and the main
+        # thread's failed collective can both find the same stall at once
+        self._reporting = threading.Lock()
         self._deadline, self._what, self._limit = None, "", 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="commbench-watchdog", daemon=True)
@@ -252,7 +255,11 @@ class Watchdog:
 
     def report(self, what: str, how: str, cause: str | None = None):
         """Print the one line (if this rank is the lowest that answered) and end
-        the process with EXIT_TIMEOUT; never returns."""
+        the process with EXIT_TIMEOUT; never returns. A second call while the
+        first runs waits for it to end the process (one line per rank)."""
+        if not self._reporting.acquire(blocking=False):
+            while True:
+                time.sleep(1)
         try:
             silent, answered, unknown = self.progress.missing()
             self.progress.state = "timeout"

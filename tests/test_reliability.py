@@ -317,3 +317,33 @@ def test_units_timeout_rule_difference_and_partial_line(tmp_path):
     path.write_text(json.dumps(make_header(run_id="p")) + "\n" + '{"half')
     resume.cut_partial_line(str(path))
     assert path.read_text().endswith("\n") and len(path.read_text().splitlines()) == 1
+
+
+def test_two_reports_of_one_stall_print_one_line(tmp_path):
+    """The watchdog thread's deadline and the main thread's failed collective can
+    find the same stall at once: the rank still prints one line and exits 124."""
+    script = tmp_path / "two.py"
+    script.write_text(
+        "import sys, threading, time\n"
+        "from commbench import watchdog\n"
+        "class P:\n"
+        "    rank, state, watchdog = 0, '', None\n"
+        "    def missing(self):\n"
+        "        time.sleep(0.3)\n"
+        "        return [(1, 'process gone')], [0], []\n"
+        "    def write(self):\n"
+        "        pass\n"
+        "class SlowFlush:\n"
+        "    def write(self, text):\n"
+        "        sys.stderr.write(text)\n"
+        "    def flush(self):\n"
+        "        sys.stderr.flush()\n"
+        "        time.sleep(0.5)\n"
+        "w = watchdog.Watchdog(P(), stream=SlowFlush())\n"
+        "threading.Thread(target=w.report, args=('case x', 'within 1 s')).start()\n"
+        "w.report('case x', 'because a peer stopped answering')\n")
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert p.returncode == watchdog.EXIT_TIMEOUT, p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if ln.startswith("commbench: timeout: case x")]
+    assert len(lines) == 1 and "rank 1 (process gone)" in lines[0], p.stderr
