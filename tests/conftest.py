@@ -1,4 +1,5 @@
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -6,7 +7,9 @@ from pathlib import Path
 import pytest
 
 BIN = Path(sys.executable).parent
-MPIEXEC = str(BIN / "mpiexec")
+# the mpich wheel's mpiexec beside this python (the local bootstrap), else the one on PATH
+# (a GPU node's MPI module)
+MPIEXEC = str(BIN / "mpiexec") if (BIN / "mpiexec").exists() else (shutil.which("mpiexec") or str(BIN / "mpiexec"))
 ROOT = Path(__file__).resolve().parent.parent
 
 # quick, deterministic settings for test sweeps: exactly -n iterations
