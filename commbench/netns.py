@@ -29,6 +29,7 @@ queues instead of dropping, as a lossless fabric would).
 import dataclasses
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -128,6 +129,10 @@ class Network:
     def build(self):
         if os.geteuid() != 0:
             raise Unsupported("the emulated cluster needs root (network namespaces, veth links and tc)")
+        missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
+        if missing:
+            raise Unsupported(f"the emulated cluster needs iproute2's {' and '.join(missing)}, "
+                              "not found on PATH (Debian/Ubuntu: apt-get install iproute2)")
         self._add_ns(self.switch)
         sw = self.switch
         _run(["ip", "-n", sw, "link", "add", BRIDGE, "type", "bridge"])

@@ -4,6 +4,7 @@ bandwidth against the configured rate; nothing left behind after success,
 failure and SIGTERM; strict parsing of rates, times and loss."""
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,6 +20,8 @@ def _netns_works() -> str | None:
     """None when namespaces can be made here, else why not."""
     if os.geteuid() != 0:
         return "needs root (network namespaces, veth, tc)"
+    if not (shutil.which("ip") and shutil.which("tc")):
+        return "needs iproute2 (ip and tc not both on PATH)"
     name = f"cbemu-probe-{os.getpid()}"
     p = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
     if p.returncode != 0:
@@ -159,6 +162,18 @@ def test_bad_input_exits_2_with_one_line(flags, capsys):
     assert main(["emulate", *args, "--", "true"]) == 2
     got = capsys.readouterr()
     assert len(got.err.strip().splitlines()) == 1 and not got.out, got
+
+
+def test_missing_iproute2_is_one_line_and_exit_2(tmp_path):
+    """A machine without `ip` and `tc` (a GPU node's container image, say)."""
+    if os.geteuid() != 0:
+        pytest.skip("the root check comes first")
+    p = commbench("emulate", "--nodes", "2", "--inter-bw", "1gbit", "--", "true", cwd=tmp_path,
+                  env=clean_env(PATH=str(tmp_path)))
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.strip().splitlines() == [
+        "commbench: error: the emulated cluster needs iproute2's ip and tc, not found on PATH "
+        "(Debian/Ubuntu: apt-get install iproute2)"], p.stderr
 
 
 def test_bad_rate_on_the_command_line():
