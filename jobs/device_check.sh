@@ -12,7 +12,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/device-check-$(date +%Y%m%d-%H%M%S)}
 PY=${PY:-python3}
-SECTIONS=${SECTIONS:-"tests kernels nccl compute validate"}
+SECTIONS=${SECTIONS:-"tests kernels nccl compute validate validate-fsdp"}
 mkdir -p "$OUT"
 if ! $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
     echo "device_check: no CUDA device visible to torch" >&2
@@ -36,12 +36,16 @@ part() {   # part NAME SECONDS COMMAND...: run COMMAND under a time limit, recor
 
 part tests 180 $PY -m pytest -q -m gpu -p no:cacheprovider -rs --tb=short tests
 part kernels 40 $PY -m commbench run --backend kernels -b 64M -e 1G -f 4 --out "$OUT/kernels.jsonl"
-part nccl 50 $PY -m commbench run --device cuda --collective all -d float32,bf16 -b 8 -e 1G -f 8 \
+part nccl 40 $PY -m commbench run --device cuda --collective all -d bf16 -b 8 -e 1G -f 64 --time-budget 0.2 \
     --out "$OUT/nccl.jsonl"
 part compute 70 $PY -m commbench compute --model gpt3-6.7b --tp 1 --micro-batch 1 --seq 2048 --dtype bf16 \
     --device cuda --time-budget 0.2 --out "$OUT/compute-gpt3-6.7b.jsonl"
+part validate 90 $PY -m commbench validate --model gpt3-1.3b --global-batch 8 --micro-batch 2 --dtype bf16 \
+    --device cuda --nprocs 1 --steps 20 --time-budget 0.2 --out-dir "$OUT/validate-gpt3-1.3b"
 part validate 60 $PY -m commbench validate --model gpt3-350m --global-batch 8 --micro-batch 2 --dtype bf16 \
-    --device cuda --nprocs 1 --steps 10 --time-budget 0.2 --out-dir "$OUT/validate-gpt3-350m"
+    --device cuda --nprocs 1 --steps 20 --time-budget 0.2 --out-dir "$OUT/validate-gpt3-350m"
+part validate-fsdp 40 $PY -m commbench validate --model small-gpt --global-batch 8 --micro-batch 2 --zero 3 \
+    --dtype bf16 --device cuda --nprocs 1 --steps 10 --time-budget 0.2 --out-dir "$OUT/validate-small-zero3"
 
 echo "== summary"
 printf '%s\n' "${summary[@]}"
