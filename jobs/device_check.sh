@@ -6,8 +6,7 @@
 # and a failing part does not stop the next; a summary of the parts' exit
 # codes and times ends the output. Results go to $OUT.
 #   bash jobs/device_check.sh          (OUT=dir, PY=python, SECTIONS="tests kernels ...")
-# The node brings its own CUDA torch and cupy: commbench is installed without
-# dependencies where it is not installed yet.
+# The node brings its own CUDA torch and cupy; nothing is installed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/device-check-$(date +%Y%m%d-%H%M%S)}
@@ -18,7 +17,9 @@ if ! $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
     echo "device_check: no CUDA device visible to torch" >&2
     exit 2
 fi
-$PY -m pip show -q commbench >/dev/null 2>&1 || $PY -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
+# commbench from this checkout where the python has none installed (the tests start
+# `python -m commbench` in other folders)
+(cd / && $PY -c "import commbench" 2>/dev/null) || export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem,driver_version --format=csv
 $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'nccl', torch.cuda.nccl.version())"
 $PY -c "import cupy; print('cupy', cupy.__version__)" 2>&1 | tail -1

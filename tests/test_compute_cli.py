@@ -95,3 +95,62 @@ def test_compute_refuses_an_op_larger_than_memory_before_allocating():
     case = runner.case_of(op, "cpu", "torch", 1)
     m = runner.measure(_OneRank(), None, case, op, None, ["h"], torch, "cpu")
     assert m.status == "skipped" and "needs about" in m.skip_reason and "GB free for this rank" in m.skip_reason
+
+
+# One module op on the CPU in a fresh process: the growth of its resident memory
+# (peak after two forward+backward calls, less the resident size once torch's
+# kernels were warmed up) against the runner's bound for it.
+_PEAK = r"""
+import sys, torch
+from commbench import models
+from commbench.compute import kernels, ops, runner
+from commbench.parallel import Parallelism
+torch.set_num_threads(2)
+def kb(key):
+    return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith(key))
+x = torch.randn(2, 4, 64, 16, requires_grad=True)
+torch.nn.functional.scaled_dot_product_attention(x, x, x, is_causal=True).sum().backward()
+lin, ln = torch.nn.Linear(64, 64), torch.nn.LayerNorm(64)
+torch.nn.functional.cross_entropy(lin(ln(torch.randn(8, 64))), torch.zeros(8, dtype=torch.long)).backward()
+torch.nn.functional.gelu(torch.randn(8, 64, requires_grad=True)).sum().backward()
+before = kb("VmRSS:")
+par = Parallelism(world=1, micro_batch=int(sys.argv[2]), global_batch=int(sys.argv[2]), dtype="fp32")
+op = next(o for o in ops.module_ops(models.get(sys.argv[1]), par, 1, 1) if o.impl == sys.argv[3])
+call = kernels()[op.impl](op, "cpu", torch.float32)
+call(); call()
+print(kb("VmHWM:") - before, runner.needed_bytes(op, "cpu"), op.nbytes)
+"""
+
+
+@pytest.mark.parametrize("model,mb,impl", [("small-gpt", 32, "layer_fwd"), ("small-gpt", 32, "head_bwd"),
+                                           ("tiny-llama", 32, "stage_bwd"), ("small-gpt", 16, "stage_fwd")])
+def test_module_memory_bound_holds_what_the_module_takes(model, mb, impl):
+    import subprocess
+    import sys
+    p = subprocess.run([sys.executable, "-c", _PEAK, model, str(mb), impl], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    grew, bound, moved = map(int, p.stdout.split())
+    assert 50e6 < grew <= bound, (grew, bound)       # a real allocation, under the bound
+    assert bound < 6 * moved                          # below the old bound (6 x the bytes moved)
+
+
+def test_module_memory_bound_by_hand():
+    """The bound's terms for one layer, computed here from its definition, and a
+    gpt3-6.7b stage that the old bound (6 x bytes moved: 210 GB) kept off a 141 GB GPU."""
+    from commbench import models
+    from commbench.compute import ops, runner
+    from commbench.parallel import Parallelism
+    m = models.get("tiny-llama")                     # h 64, 4 heads of 16, 2 kv heads, f 176, V 512
+    par = Parallelism(world=1, micro_batch=2, global_batch=2, dtype="bf16")
+    layer = next(o for o in ops.module_ops(m, par, 1, 1) if o.impl == "layer_bwd")
+    T, s, h, q, k, f = 2 * 64, 64, 64, 64, 32, 176
+    weights = h * (q + 2 * k) + q * h + 3 * h * f
+    acts = T * (12 * h + 4 * q + 4 * k + 3 * f) * 2
+    scores = 6 * 2 * 4 * s * s * 4
+    assert runner.needed_bytes(layer, "cpu") == 2 * (2 * weights * 2 + acts + scores)
+    big = models.get("gpt3-6.7b")
+    par = Parallelism(world=1, micro_batch=1, global_batch=1, dtype="bf16")
+    stage = next(o for o in ops.module_ops(big, par, 1, 1) if o.impl == "stage_fwd")
+    need = runner.needed_bytes(stage, "cuda")
+    assert 2 * 2 * big.num_params < need < 0.8 * 142.4e9 < 6 * stage.nbytes

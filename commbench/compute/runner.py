@@ -16,6 +16,7 @@ import numpy as np
 from commbench import env, results, stats, timing
 from commbench import launch as launch_mod
 from commbench.compute import Staged
+from commbench.parallel import DTYPE_BYTES
 from commbench.results import Case, Measurement, ResultFile
 
 TORCH_DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
@@ -109,17 +110,49 @@ def free_bytes(device: str, ranks_on_host: int) -> int | None:
     return None if host is None else host // max(1, ranks_on_host)
 
 
+MODULE_IMPLS = ("layer_fwd", "layer_bwd", "head_fwd", "head_bwd", "stage_fwd", "stage_bwd")
+
+
 def needed_bytes(op, device: str) -> int:
-    """A generous bound on what timing op allocates: its inputs and outputs (the
-    bytes it moves) twice over (a backward keeps the forward's tensors and adds
-    gradients, and a module's forward is followed by its backward); for Adam, per element timed, the fp32 master, gradient, m and v
-    and a 16-bit copy (18 B)."""
+    """A generous bound on what timing op allocates: for a kernel, its inputs
+    and outputs (the bytes it moves) twice over; for a module, what its forward
+    and backward hold at once (module_bytes); for Adam, per element timed, the
+    fp32 master, gradient, m and v and a 16-bit copy (18 B)."""
     if op.impl == "adam":
         from commbench.compute import optimizer
         return 18 * optimizer.timed_numel(op, device)
-    if op.impl in ("layer_fwd", "head_fwd", "stage_fwd"):
-        return 6 * int(op.nbytes)       # its backward runs after it (modules.prepare): about twice its bytes again
+    if op.impl in MODULE_IMPLS:
+        return module_bytes(dict(op.params), op.impl, DTYPE_BYTES[op.dtype])
     return 2 * int(op.nbytes)
+
+
+def module_bytes(p: dict, impl: str, d: int) -> int:
+    """A module op (a layer, the head or a whole stage, one micro-batch, its
+    forward followed by its backward: compute.modules) holds at once, with d
+    bytes per element, T tokens, h hidden, q = heads x head_dim, k = kv_heads x
+    head_dim and f ffn (all at the rank's TP shard), per layer: weights
+    h (q + 2k) + q h + (2 or 3) h f, their gradients as many, and the
+    activations its backward keeps, bounded by T (12 h + 4 q + 4 k + 3 f) d
+    (Korthikanti et al.'s 34 sbh at f = 4h, d = 2 is T (10 h + 4 q + 2 f) d:
+    this counts every output once more); one layer's attention scores, b heads
+    s^2 in fp32, three times (a CPU's SDPA without a fused kernel materialises
+    them in the forward and twice in the backward); on the embedding or head,
+    V x h weights and gradients (twice where untied) and fp32 logits with their
+    gradient and softmax, 3 T V x 4 B. All of it 1.5 times over. The bytes the
+    kernels move (op.nbytes) are no bound: they count a weight once per pass,
+    and a whole gpt3-6.7b stage moves 35 GB per forward in 40 GB of memory."""
+    h, tokens = p["hidden"], p["tokens"]
+    q, k = p["heads"] * p["head_dim"], p["kv_heads"] * p["head_dim"]
+    f = p["ffn"] * (3 if p["arch"] == "llama" else 2)
+    layers = {"layer": 1, "head": 0}.get(impl.split("_")[0], p.get("layers", 0))
+    has_embed = impl.startswith("stage") and p.get("first")
+    has_head = impl.startswith("head") or (impl.startswith("stage") and p.get("last"))
+    weights = layers * (h * (q + 2 * k) + q * h + f * h)
+    weights += p.get("vocab", 0) * h * ((1 if has_embed else 0) + (1 if has_head and not p.get("tied") else 0))
+    acts = layers * tokens * (12 * h + 4 * q + 4 * k + 3 * p["ffn"]) * d
+    scores = 6 * p["micro_batch"] * p["heads"] * p["seq"] ** 2 * 4 if layers else 0
+    logits = 6 * tokens * p.get("vocab", 0) * 4 if has_head else 0
+    return 2 * (2 * weights * d + acts + scores + logits)
 
 
 def host_build_bytes(op) -> int:
