@@ -131,7 +131,9 @@ def print_plan(workload, par, console: Console):
                   f"({par.num_nodes} nodes x {par.gpus_per_node}): dp {par.dp} x tp {par.tp} x pp {par.pp}, "
                   f"zero {par.zero}{' +sp' if par.sp else ''}, micro-batch {par.micro_batch}, "
                   f"global batch {par.global_batch} ({par.num_microbatches} micro-batches per step), "
-                  f"seq {workload.parallelism['seq'] or m['seq']}, {par.dtype}")
+                  f"seq {workload.parallelism['seq'] or m['seq']}, {par.dtype}"
+                  + (f", vocab {m['vocab']} (padded to a multiple of {m['vocab_divisible_by']} x tp {par.tp})"
+                     if m.get("vocab_divisible_by", 1) > 1 else ""))
     folded = {}
     for c in workload.comm_ops:
         key = (c.stage, c.strategy, c.axis, c.collective, c.phase, c.nbytes, c.group_size, c.num_nodes, c.overlap)

@@ -2,7 +2,7 @@
 the plan issues (strategies/) and its ComputeOps (compute/ops.py), per rank of
 each pipeline stage."""
 import os
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, replace
 
 from commbench import mapping_file, models
 from commbench.compute import ops as compute_ops
@@ -33,6 +33,7 @@ def comm_ops(model, par: Parallelism, tp_flavour: str = "megatron") -> list:
 def build(model, par: Parallelism, tp_flavour: str = "megatron") -> Workload:
     """tp_flavour: megatron (default) or dtensor, the collectives of torch's
     DTensor tensor parallelism (what `validate` runs)."""
+    model = model.at_tp(par.tp)
     par.check_model(model)
     return Workload(model=model.to_dict(), parallelism=dict(asdict(par), seq=par.seq_for(model), num_microbatches=par.num_microbatches,
                                                             num_nodes=par.num_nodes),
@@ -46,7 +47,7 @@ def load_plan_file(path: str) -> dict:
     data = mapping_file.load(path, "plan")
     if "model" not in data:
         raise ValueError(f"plan file {path}: expected a mapping with 'model' and plan fields")
-    unknown = sorted(set(data) - set(PLAN_FIELDS) - {"model"})
+    unknown = sorted(set(data) - set(PLAN_FIELDS) - {"model", "vocab_divisible_by"})
     if unknown:
         raise ValueError(f"plan file {path}: unknown field(s) {', '.join(unknown)}")
     if isinstance(data["model"], str) and not os.path.isabs(data["model"]) and data["model"] not in models.CATALOGUE:
@@ -66,10 +67,13 @@ def from_mapping(data: dict):
             raise ValueError(f"bad plan: model: {e}") from None
     else:
         raise ValueError(f"bad plan: model must be a catalogue name, a model file or a mapping, got {m!r:.40}")
-    kwargs = {k: v for k, v in data.items() if k != "model" and v is not None}
+    kwargs = {k: v for k, v in data.items() if k not in ("model", "vocab_divisible_by") and v is not None}
     try:
         par = Parallelism(**kwargs)
     except TypeError as e:
         raise ValueError(f"bad plan: {e}") from None
+    if data.get("vocab_divisible_by") is not None:
+        model = replace(model, vocab_divisible_by=data["vocab_divisible_by"])
+    model = model.at_tp(par.tp)
     par.check_model(model)
     return model, par

@@ -30,6 +30,9 @@ def add(p, dtype_flag: bool = True, required: bool = True):
     g.add_argument("--interleave", type=int, default=None, help="virtual stages per pipeline rank")
     g.add_argument("--recompute", default=None, help="activation recompute: none, selective, full")
     g.add_argument("--allow-tp-across-nodes", action="store_true", default=None)
+    g.add_argument("--vocab-divisible-by", type=int, default=None, metavar="N",
+                   help="pad the vocabulary to a multiple of N x tp, as Megatron's --make-vocab-size-divisible-by "
+                        "(default: the model's, 1 = as given)")
     p.set_defaults(_plan_required=required)
 
 
@@ -37,7 +40,8 @@ _FLAG_TO_FIELD = {"world": "world", "gpus_per_node": "gpus_per_node", "dp": "dp"
                   "zero": "zero", "zero_flavour": "zero_flavour", "sp": "sp", "micro_batch": "micro_batch",
                   "global_batch": "global_batch", "seq": "seq", "dtype": "dtype", "grad_dtype": "grad_dtype",
                   "bucket_mb": "bucket_mb", "schedule": "schedule", "interleave": "interleave",
-                  "recompute": "recompute", "allow_tp_across_nodes": "allow_tp_across_nodes"}
+                  "recompute": "recompute", "allow_tp_across_nodes": "allow_tp_across_nodes",
+                  "vocab_divisible_by": "vocab_divisible_by"}
 
 
 def given(a) -> bool:
@@ -45,7 +49,7 @@ def given(a) -> bool:
     --model or --plan are a ValueError (they would be ignored)."""
     if a.plan_file is not None or a.model is not None:
         return True
-    loose = [f for f in plan_mod.PLAN_FIELDS if getattr(a, f, None) is not None and f != "dtype"]
+    loose = [f for f in [*plan_mod.PLAN_FIELDS, "vocab_divisible_by"] if getattr(a, f, None) is not None and f != "dtype"]
     if loose:
         raise ValueError(f"--{loose[0].replace('_', '-')} is a plan field: give --model or --plan with it")
     return False

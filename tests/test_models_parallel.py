@@ -156,3 +156,42 @@ def test_mesh_pp4_dp1_and_accumulation():
     assert p.groups["pp"] == [(0, 1, 2, 3)] and p.groups["dp"] == [(0,), (1,), (2,), (3,)]
     assert p.num_microbatches == 8 and p.axis_nodes("pp") == 2
     assert all(len(g) == 1 for g in p.groups["tp"])
+
+
+def test_vocab_padding_as_megatron():
+    """--make-vocab-size-divisible-by d: the vocabulary padded up to a multiple of
+    d x tp (Megatron's _vocab_size_with_padding), by hand."""
+    m = models.get("gpt3-1.3b")                       # V = 50257
+    assert m.at_tp(4) is m                            # vocab_divisible_by 1: as given
+    p = models.ModelSpec(**{**{k: v for k, v in m.to_dict().items() if k != "num_params"},
+                            "vocab_divisible_by": 128})
+    assert [p.at_tp(t).vocab for t in (1, 2, 8)] == [50304, 50432, 51200]   # 393 x 128, 197 x 256, 50 x 1024
+    assert p.at_tp(2).at_tp(2) == p.at_tp(2)
+    assert p.at_tp(1).num_params - m.num_params == (50304 - 50257) * 2048
+    llama = models.get("llama2-7b")                   # 32000 = 250 x 128: nothing to pad
+    assert models.ModelSpec(**{**{k: v for k, v in llama.to_dict().items() if k != "num_params"},
+                               "vocab_divisible_by": 128}).at_tp(2).vocab == 32000
+    # a real torch module of the padded model holds exactly the computed count
+    tiny = models.ModelSpec("t", 2, 32, 4, 500, 16, vocab_divisible_by=64).at_tp(1)
+    assert tiny.vocab == 512
+    assert sum(x.numel() for x in torch_model.build(tiny).parameters()) == tiny.num_params
+
+
+def test_vocab_padding_reaches_the_plan():
+    """--vocab-divisible-by on the command line: the logits GEMM, the tied embedding's
+    DP gradient and the parameter count all follow the padded vocabulary."""
+    from commbench import plan
+    from commbench.planflags import add, from_args
+    import argparse
+    ap = argparse.ArgumentParser()
+    add(ap)
+    flags = ["--model", "gpt3-1.3b", "--world", "4", "--gpus-per-node", "4", "--tp", "2", "--global-batch", "8"]
+    base_model, base = from_args(ap.parse_args(flags))
+    model, par = from_args(ap.parse_args(flags + ["--vocab-divisible-by", "128"]))
+    assert model.vocab == 50432 and base_model.vocab == 50257
+    w0, w = plan.build(base_model, base), plan.build(model, par)
+    logits = lambda wl: next(op for op in wl.compute_ops if op.name == "logits fwd")     # noqa: E731
+    assert (logits(w0).n, logits(w).n) == (25129, 25216)          # ceil(50257 / 2), 50432 / 2
+    dp = lambda wl: sum(c.nbytes * c.count for c in wl.comm_ops if c.axis == "dp")   # noqa: E731
+    assert dp(w) - dp(w0) == (25216 - 25129) * 2048 * 2           # bf16 gradient of the extra rows
+    assert w.model["vocab_divisible_by"] == 128 and w.model["num_params"] - w0.model["num_params"] == 175 * 2048

@@ -43,6 +43,24 @@ def test_validate_ddp_two_ranks(tmp_path):
     assert doc["interference"]["compute"] >= 1 and doc["interference"]["comm"] >= 1
 
 
+def test_validate_trains_the_padded_vocabulary(tmp_path):
+    """--vocab-divisible-by 100 at tp 2: tiny-gpt's 512 words padded to 600
+    (3 x 200): Megatron-style TP trains it, and the head timed in place holds
+    its vocabulary-parallel half."""
+    out = tmp_path / "v"
+    p = commbench("validate", "--model", "tiny-gpt", "--tp", "2", "--nprocs", "2", "--global-batch", "2",
+                  "--seq", "32", "--steps", "2", "--warmup-steps", "1", "--device", "cpu",
+                  "--vocab-divisible-by", "100", "--out-dir", out, "--json", cwd=tmp_path, timeout=300)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["implementation"].startswith("Megatron-style TP x 2") and all(x == x for x in doc["losses"])
+    compute = results.load(doc["results"]["compute"][0])
+    heads = [m.case.params["vocab"] for m in compute.measurements if m.case.op in ("head_fwd", "head_bwd")]
+    assert heads == [300, 300]
+    (tp,) = [m for m in compute.measurements if m.case.op == "tp_microbatch"]
+    assert json.loads(tp.case.params["model"])["vocab"] == 600 and tp.status == "ok"
+
+
 def test_validate_in_rounds(tmp_path):
     """--rounds 2: measure, train, measure, train; the steps shared 2 + 1; the
     prediction the mean of the two rounds' own, each from its round's files;
