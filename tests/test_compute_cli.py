@@ -154,3 +154,24 @@ def test_module_memory_bound_by_hand():
     stage = next(o for o in ops.module_ops(big, par, 1, 1) if o.impl == "stage_fwd")
     need = runner.needed_bytes(stage, "cuda")
     assert 2 * 2 * big.num_params < need < 0.8 * 142.4e9 < 6 * stage.nbytes
+
+
+def test_unaligned_gemm_on_a_gpu_carries_a_note():
+    """A logits GEMM of 50257 words on a GPU is flagged; the padded one, the CPU
+    and non-GEMM kernels are not."""
+    from commbench.compute import ops, runner
+    from commbench import models
+    from commbench.parallel import Parallelism
+    model = models.get("gpt3-125m")
+    par = Parallelism(world=1, micro_batch=1, global_batch=1, dtype="bf16")
+    logits = next(op for op in ops.head_ops(model, par, 1) if op.name == "logits fwd")
+    gpu, cpu = runner.case_of(logits, "cuda", "torch", 1), runner.case_of(logits, "cpu", "torch", 1)
+    assert runner.alignment_note(gpu) == ("n = 50257 not a multiple of 8: off cuBLAS's fastest kernels "
+                                          "(a vocabulary: pad it, --vocab-divisible-by 128)")
+    assert runner.alignment_note(cpu) is None
+    padded = models.ModelSpec(**{**{k: v for k, v in model.to_dict().items() if k != "num_params"},
+                                 "vocab_divisible_by": 128}).at_tp(1)
+    logits = next(op for op in ops.head_ops(padded, par, 1) if op.name == "logits fwd")
+    assert runner.alignment_note(runner.case_of(logits, "cuda", "torch", 1)) is None
+    ce = next(op for op in ops.head_ops(model, par, 1) if op.impl == "cross_entropy_fwd")
+    assert runner.alignment_note(runner.case_of(ce, "cuda", "torch", 1)) is None
