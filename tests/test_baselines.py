@@ -76,3 +76,20 @@ def test_readme_gives_every_file_its_provenance():
         assert f.name in text, f.name
     for url in ("https://github.com/NVIDIA/nccl-tests/issues/149", "https://github.com/NVIDIA/nccl-tests/issues/212"):
         assert url in text
+
+
+def test_measured_h200_files():
+    """The H200 results of the GPU check: real CUDA measurements with their
+    provenance, every check passed, and the README naming each."""
+    text = (BASE / "README.md").read_text()
+    files = sorted((BASE / "measured").glob("*.jsonl"))
+    assert [f.name for f in files] == ["h200-1gpu-compute-gpt3-6.7b.jsonl", "h200-1gpu-kernels.jsonl"]
+    for f in files:
+        assert f.name in text
+        rf = results.load(str(f))
+        assert rf.header["provenance"]["source_sha256"] and rf.header["cluster"]["gpus"][0]["name"] == "NVIDIA H200"
+        assert all(m.case.device == "cuda" and m.num_wrong in (0, None) for m in rf.measurements)
+        assert all(len(m.samples_s) >= 5 for m in rf.measurements if m.status == "ok")
+    kernels = results.load(str(BASE / "measured" / "h200-1gpu-kernels.jsonl"))
+    assert {m.case.op for m in kernels.measurements} == {"copy", "triad"}
+    assert all(3000 < m.algbw_gbps < 4800 for m in kernels.measurements)     # under the data sheet's 4.8 TB/s
