@@ -307,3 +307,21 @@ def test_steady_allocator_keeps_freed_blocks_for_the_next_call(mode):
         assert set_ == str(32 << 20) and int(faults) < pages // 10
     else:
         assert set_ == "None" and int(faults) > pages // 4     # 470-981 of 1024 seen
+
+
+def test_more_ranks_than_gpus_is_one_clear_error(monkeypatch):
+    """NCCL needs a GPU per rank: 2 local ranks on a host with 1 visible GPU stop
+    before any process group, naming both counts (not NCCL's "Duplicate GPU")."""
+    import torch
+
+    from commbench.backends.base import check_gpu_per_rank
+    from commbench.backends.torch_dist import TorchBackend
+    from commbench.launch import LaunchInfo
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    info = LaunchInfo(launcher="local", rank=1, world_size=2, local_rank=1, local_world_size=2)
+    with pytest.raises(ValueError) as e:
+        TorchBackend(info, "cuda", 10)
+    assert str(e.value) == ("--device cuda: 2 ranks on this host and 1 GPU(s) visible; NCCL needs a GPU of its "
+                            "own for each rank (start at most 1 rank(s) per host, or check CUDA_VISIBLE_DEVICES)")
+    check_gpu_per_rank(4, 4, "x")            # one GPU each: fine

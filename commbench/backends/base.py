@@ -22,6 +22,16 @@ class Group:
         return len(self.ranks)
 
 
+def check_gpu_per_rank(ranks_on_host: int, gpus: int, what: str):
+    """NCCL puts each rank of a communicator on a GPU of its own: a host with
+    more ranks than visible GPUs fails in NCCL's set-up ("Duplicate GPU
+    detected"), so say it first, in one line."""
+    if ranks_on_host > gpus:
+        raise ValueError(f"{what}: {ranks_on_host} ranks on this host and {gpus} GPU(s) visible; NCCL needs a "
+                         f"GPU of its own for each rank (start at most {gpus} rank(s) per host, or check "
+                         "CUDA_VISIBLE_DEVICES)")
+
+
 class Backend:
     name = "base"           # stored in Case.backend
     in_place_only = ()      # collectives this backend can only run in place

@@ -2,7 +2,7 @@
 each communicator is shared over MPI, which is also the control channel."""
 import numpy as np
 
-from commbench.backends.base import Backend, Group, Unsupported
+from commbench.backends.base import Backend, Group, Unsupported, check_gpu_per_rank
 from commbench.backends.mpi import MPIBackend, decode, encode
 from commbench.dtypes import DTYPES
 
@@ -27,6 +27,7 @@ class CupyNcclBackend(Backend):
             raise ValueError("--backend cupy needs cupy with NCCL (pip install 'commbench[gpu]')") from None
         if cupy.cuda.runtime.getDeviceCount() == 0:
             raise ValueError("--backend cupy: no CUDA device")
+        check_gpu_per_rank(launch.local_world_size, cupy.cuda.runtime.getDeviceCount(), "--backend cupy")
         self.cupy, self.nccl = cupy, nccl
         # MPI for ranks, unique-id exchange and the harness's control channel
         self.mpi = MPIBackend(launch, "cpu", timeout_s)

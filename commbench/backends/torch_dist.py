@@ -6,7 +6,7 @@ import os
 import numpy as np
 
 from commbench import launch as launch_mod
-from commbench.backends.base import Backend, Group, Unsupported
+from commbench.backends.base import Backend, Group, Unsupported, check_gpu_per_rank
 
 _TORCH_DTYPES = {
     "float32": "float32", "float16": "float16", "bfloat16": "bfloat16", "float64": "float64",
@@ -25,6 +25,8 @@ class TorchBackend(Backend):
         if device == "cuda":
             if not torch.cuda.is_available():
                 raise ValueError("--device cuda: no CUDA device is visible to torch")
+            if (dist_backend or "nccl") == "nccl":
+                check_gpu_per_rank(launch.local_world_size, torch.cuda.device_count(), "--device cuda")
             self.torch_device = torch.device("cuda", launch.local_rank % torch.cuda.device_count())
             torch.cuda.set_device(self.torch_device)
         else:
