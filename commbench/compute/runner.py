@@ -127,20 +127,22 @@ def needed_bytes(op, device: str) -> int:
 
 
 def module_bytes(p: dict, impl: str, d: int) -> int:
-    """A module op (a layer, the head or a whole stage, one micro-batch, its
-    forward followed by its backward: compute.modules) holds at once, with d
-    bytes per element, T tokens, h hidden, q = heads x head_dim, k = kv_heads x
-    head_dim and f ffn (all at the rank's TP shard), per layer: weights
-    h (q + 2k) + q h + (2 or 3) h f, their gradients as many, and the
-    activations its backward keeps, bounded by T (12 h + 4 q + 4 k + 3 f) d
-    (Korthikanti et al.'s 34 sbh at f = 4h, d = 2 is T (10 h + 4 q + 2 f) d:
-    this counts every output once more); one layer's attention scores, b heads
-    s^2 in fp32, three times (a CPU's SDPA without a fused kernel materialises
-    them in the forward and twice in the backward); on the embedding or head,
-    V x h weights and gradients (twice where untied) and fp32 logits with their
-    gradient and softmax, 3 T V x 4 B. All of it 1.5 times over. The bytes the
-    kernels move (op.nbytes) are no bound: they count a weight once per pass,
-    and a whole gpt3-6.7b stage moves 35 GB per forward in 40 GB of memory."""
+    """A bound on what a module op (a layer, the head or a whole stage, one
+    micro-batch, its forward followed by its backward: compute.modules) holds
+    at once, with d bytes per element, T tokens, h hidden, q = heads x
+    head_dim, k = kv_heads x head_dim and f ffn (all at the rank's TP shard).
+    Per layer: the weights h (q + 2k) + q h + (2 or 3) h f and as many
+    gradients, and the activations its backward keeps, bounded by
+    T (12 h + 4 q + 4 k + 3 f) d (for a GPT, 32 T h d: about twice
+    Korthikanti et al.'s 34 s b h bytes at d = 2); one layer's attention scores,
+    b heads s^2 in fp32, six times (a CPU's attention without a fused kernel
+    materialises them, their softmax and their gradients). On the embedding or
+    the head: V x h weights and gradients (twice where untied) and the fp32
+    logits, six times T V x 4 B (logits, softmax, their gradients). All of it
+    twice over; tests/test_compute_cli.py holds it above the resident memory
+    real layers, heads and stages take on a CPU. The bytes the kernels move
+    (op.nbytes) are no bound: they count every weight and activation once per
+    kernel that reads it (a gpt3-6.7b stage: about 35 GB per forward)."""
     h, tokens = p["hidden"], p["tokens"]
     q, k = p["heads"] * p["head_dim"], p["kv_heads"] * p["head_dim"]
     f = p["ffn"] * (3 if p["arch"] == "llama" else 2)
