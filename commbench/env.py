@@ -28,6 +28,20 @@ def _version(dist: str) -> str | None:
         return None
 
 
+def cupy_version() -> str | None:
+    """cupy's version, whichever wheel brought it (cupy-cuda11x, -cuda12x,
+    -cuda13x, cupy-rocm-*, or a source build named cupy)."""
+    try:
+        dists = list(importlib.metadata.packages_distributions().get("cupy", []))
+    except Exception:          # a broken distribution's metadata must not stop a run
+        dists = []
+    for dist in dists + ["cupy"]:
+        v = _version(dist)
+        if v:
+            return v
+    return None
+
+
 def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
@@ -42,7 +56,7 @@ def cpu_model() -> str:
 def versions() -> dict:
     out = {"python": platform.python_version(), "commbench": commbench.__version__,
            "numpy": _version("numpy"), "mpi4py": _version("mpi4py"), "mpich_wheel": _version("mpich"),
-           "cupy": _version("cupy-cuda12x") or _version("cupy"), "platform": platform.platform()}
+           "cupy": cupy_version(), "platform": platform.platform()}
     try:
         import torch
         out["torch"] = torch.__version__

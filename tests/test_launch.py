@@ -325,3 +325,18 @@ def test_more_ranks_than_gpus_is_one_clear_error(monkeypatch):
     assert str(e.value) == ("--device cuda: 2 ranks on this host and 1 GPU(s) visible; NCCL needs a GPU of its "
                             "own for each rank (start at most 1 rank(s) per host, or check CUDA_VISIBLE_DEVICES)")
     check_gpu_per_rank(4, 4, "x")            # one GPU each: fine
+
+
+def test_cupy_version_from_any_wheel(monkeypatch):
+    """The header names cupy's version whatever its wheel is called (an H200
+    node's cupy-cuda13x read as None before)."""
+    import importlib.metadata as md
+
+    from commbench import env
+    real = md.version
+    monkeypatch.setattr(md, "packages_distributions", lambda: {"cupy": ["cupy-cuda13x"], "numpy": ["numpy"]})
+    monkeypatch.setattr(md, "version", lambda d: "14.2.0" if d == "cupy-cuda13x" else real(d))
+    assert env.cupy_version() == "14.2.0" and env.versions()["cupy"] == "14.2.0"
+    monkeypatch.setattr(md, "packages_distributions", lambda: {})
+    monkeypatch.setattr(md, "version", lambda d: (_ for _ in ()).throw(md.PackageNotFoundError(d)))
+    assert env.cupy_version() is None
