@@ -244,7 +244,9 @@ def stage_memory(model: ModelSpec, par: Parallelism, stage: int, optimizer: str 
 def memory_per_gpu(model: ModelSpec, par: Parallelism, optimizer: str = "adam") -> MemoryEstimate:
     """The estimate of the most-loaded stage. Only the first and last stages can be:
     a middle stage has stage 0's layers without the embedding and fewer (or as many)
-    micro-batches in flight."""
+    micro-batches in flight. The model as the plan runs it: its vocabulary
+    padded at the plan's tp where it asks for that (ModelSpec.at_tp)."""
+    model = model.at_tp(par.tp)
     stages = (0,) if par.pp == 1 else (0, par.pp - 1)
     return max((stage_memory(model, par, s, optimizer) for s in stages), key=lambda e: e.total)
 

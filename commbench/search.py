@@ -99,7 +99,7 @@ def enumerate_plans(model: ModelSpec, world: int, gpus_per_node: int, global_bat
                                                       dp=dp, zero=z, sp=s, micro_batch=mb,
                                                       global_batch=global_batch, seq=seq, dtype=dtype,
                                                       interleave=v, recompute=rc)
-                                    par.check_model(model.at_tp(tp))
+                                    par.check_model(model)
                                 except ValueError as e:
                                     reject[str(e)] += 1
                                     continue
@@ -165,7 +165,7 @@ def search(model: ModelSpec, world: int, gpus_per_node: int, global_batch: int, 
     valid = 0
     for par in enumerate_plans(model, world, gpus_per_node, global_batch, rejected=invalid, **enumerate_kwargs):
         valid += 1
-        mem = memory_per_gpu(model.at_tp(par.tp), par, optimizer)
+        mem = memory_per_gpu(model, par, optimizer)
         if not fits(mem, gpu_memory_bytes, reserve_fraction):
             too_big.append(Dropped(par, mem, usable))
             continue

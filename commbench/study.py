@@ -109,7 +109,7 @@ def evaluate(point: Point, spec, times) -> dict:
         par.check_model(model)
     except ValueError as e:
         return dict(row, error=str(e))
-    mem = memory.memory_per_gpu(model.at_tp(par.tp), par)
+    mem = memory.memory_per_gpu(model, par)
     usable = spec.gpu_memory_bytes * (1 - RESERVE)
     workload = plan_mod.build(model, par)
     sb = predict.predict(workload, par, times.bind(workload.compute_ops),

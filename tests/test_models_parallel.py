@@ -195,3 +195,15 @@ def test_vocab_padding_reaches_the_plan():
     dp = lambda wl: sum(c.nbytes * c.count for c in wl.comm_ops if c.axis == "dp")   # noqa: E731
     assert dp(w) - dp(w0) == (25216 - 25129) * 2048 * 2           # bf16 gradient of the extra rows
     assert w.model["vocab_divisible_by"] == 128 and w.model["num_params"] - w0.model["num_params"] == 175 * 2048
+
+
+def test_vocab_padding_reaches_the_memory_estimate():
+    """memory_per_gpu prices the padded vocabulary of a model that asks for it
+    (search and study call it with the model as given)."""
+    from commbench import memory
+    m = models.get("gpt3-1.3b")
+    p = models.ModelSpec(**{**{k: v for k, v in m.to_dict().items() if k != "num_params"},
+                            "vocab_divisible_by": 128})
+    par = Parallelism(world=2, gpus_per_node=2, tp=2, micro_batch=1, global_batch=8)
+    assert memory.memory_per_gpu(p, par) == memory.memory_per_gpu(p.at_tp(2), par)
+    assert memory.memory_per_gpu(p, par).total > memory.memory_per_gpu(m, par).total
