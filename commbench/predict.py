@@ -260,7 +260,7 @@ def granularity(ops, times: Times, stage: int | None = None) -> list:
     head as modules where all of theirs were; else kernel by kernel (measured,
     or from a SystemSpec)."""
     # costs on top (framework_overhead) or in place of compute + TP (tp_in_place), not granularities
-    ops = [op for op in ops if op.scope not in ("framework", "tp_stage", "dp_in_place", "pp_stage")]
+    ops = [op for op in ops if op.scope not in ("framework", "tp_stage", "dp_in_place", "pp_stage", "pp_optimizer")]
     if stage is not None:
         ops = [op for op in ops if op.stage in (-1, stage)]
         whole = [op for op in ops if op.scope == "stage_module"]
@@ -342,6 +342,15 @@ def pp_in_place(ops, times: Times, stage: int, bound: str):
     if not mine or not all(times.measured(op) for op in mine):
         return None
     return tuple(sum(times.compute(op, bound) for op in mine if op.phase == ph) for ph in ("fwd", "bwd"))
+
+
+def pp_optimizer_in_place(ops, times: Times, stage: int, bound: str):
+    """Seconds of the stage's optimizer step as its pipeline's step runs it
+    (compute/pipeline_stage.py); None where not measured."""
+    mine = [op for op in ops if op.scope == "pp_optimizer" and op.stage == stage]
+    if not mine or not all(times.measured(op) for op in mine):
+        return None
+    return sum(times.compute(op, bound) * op.count for op in mine)
 
 
 def _apply_pp_in_place(st: StageTimes, fwd: float, bwd: float):
@@ -489,6 +498,13 @@ def stage_times(workload_ops, comm_ops, par, times: Times, bound: str) -> list:
             st.mb_var_s2 = _in_place_var(workload_ops, times, s, "pp_stage")
             times.notes.setdefault(("pp in place", s), f"stage {s}: its micro-batch timed inside the plan's "
                                    f"pipeline ({pipe[0] * 1e3:.3f} ms fwd, {pipe[1] * 1e3:.3f} ms bwd)")
+        opt = pp_optimizer_in_place(workload_ops, times, s, bound)
+        if opt is not None:
+            st.optimizer_s = opt
+            st.optimizer_var_s2 = sum(times.spread(op) ** 2 for op in workload_ops
+                                      if op.scope == "pp_optimizer" and op.stage == s)
+            times.notes.setdefault(("pp optimizer in place", s), f"stage {s}: its optimizer step timed inside the "
+                                   f"plan's pipeline ({opt * 1e3:.3f} ms)")
         found = tp_in_place(workload_ops, times, s, bound)
         if found is not None:
             whole, exact = found

@@ -396,7 +396,8 @@ def _pipeline_step(spec: ModelSpec, par: Parallelism, mesh, dev, seed: int):
 
 def pipeline(spec: ModelSpec, par: Parallelism, mesh, dev, seed: int) -> tuple:
     """(one optimizer step of the pipeline, this rank's PipelineStages, one per
-    interleave chunk, virtual stage c * pp + the rank's pp index, the schedule)."""
+    interleave chunk, virtual stage c * pp + the rank's pp index, the schedule,
+    the rank's optimizer)."""
     from torch.distributed.pipelining import PipelineStage
     from torch.distributed.pipelining.schedules import PipelineScheduleMulti
     pp_i, v, nvirt = mesh["pp"].get_local_rank(), par.interleave, par.pp * par.interleave
@@ -420,7 +421,7 @@ def pipeline(spec: ModelSpec, par: Parallelism, mesh, dev, seed: int) -> tuple:
         tied()
         opt.step()
         return torch.stack([_plain(t.detach()) for t in losses]).mean() if losses else None
-    return step, stages, sched
+    return step, stages, sched, opt
 
 
 # --- timing -------------------------------------------------------------------------------------

@@ -4,18 +4,19 @@ same ranks, in one job and one process group: measure the plan's collectives
 torch implementation of the plan (training.py), predict the step from the two
 measurements, and report predicted against measured.
 
-With --rounds R the job alternates the two R times (measure, train, measure,
-train, ...): the prediction is the mean of the rounds' predictions, each from
-its own round's measurements, the measured step the median of every round's
-steps, so a machine whose speed drifts during the job weighs on both sides
-alike; each round's own pair is reported too.
+Each round trains half its steps before measuring and the rest after, so the
+steps sample the machine on both sides of the measurements. With --rounds R
+the job does that R times: the prediction is the mean of the rounds'
+predictions, each from its own round's measurements, the measured step the
+median of every round's steps, so a machine whose speed drifts during the job
+weighs on both sides alike; each round's own pair is reported too.
 
 error_pct = 100 (predicted - measured) / measured, measured = the median of the
 timed steps (each the slowest rank's)."""
 import json
 import os
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from commbench import plan as plan_mod
 from commbench.config import RunConfig
@@ -44,7 +45,7 @@ def timing_settings(time_budget_s: float = TIME_BUDGET_S, max_iters: int = MAX_I
 # budget (min_time_s) even where its CI is met sooner: on this project's VM
 # ten calls of a DDP micro-batch (about 85 ms in all, CI met) measured 8.4-8.8 ms in two
 # rounds of one validation and 5.1 ms over 320 calls in the third
-STEP_SCOPES = ("stage_module", "tp_stage", "dp_in_place", "pp_stage", "framework", "optimizer")
+STEP_SCOPES = ("stage_module", "tp_stage", "dp_in_place", "pp_stage", "pp_optimizer", "framework", "optimizer")
 STEP_OP_BUDGET_FACTOR = 4
 
 
@@ -75,8 +76,9 @@ def tp_impl_for(model, par, asked: str = "auto") -> str:
 
 @dataclass
 class Round:
-    """One round of a validation: the plan's kernels, collectives and their
-    interference measured, then training steps timed, on the same ranks."""
+    """One round of a validation on the same ranks: training steps timed, the
+    plan's kernels, collectives and their interference measured, training
+    steps timed again (measured: both slices' steps)."""
     compute: object            # ResultFile
     comm: object | None
     interference: object | None
@@ -125,6 +127,9 @@ def run_round(backend, info, workload, model, par, device, steps, warmup, out_di
     from commbench.compute import runner
     comm_path, compute_path = os.path.join(out_dir, "comm.jsonl"), os.path.join(out_dir, "compute.jsonl")
     inter_path = os.path.join(out_dir, "interference.jsonl")
+    before, after = bracket(steps)
+    first = train_guarded(backend, info, workload, model, par, before, warmup, device, tp_impl, out_dir,
+                          timeout_s) if before else None
     compute_rf = runner.run(workload.compute_ops, info, device, timing, compute_path, overwrite, argv,
                             timeout_s=timeout_s, backend=backend, settings_for=settings_for(timing),
                             extra_settings={"plan": {"model": model.to_dict(), "parallelism": workload.parallelism},
@@ -142,9 +147,20 @@ def run_round(backend, info, workload, model, par, device, steps, warmup, out_di
         inter_rf = interference.run(interference.InterferenceConfig(device=device, timing=timing,
                                                                     timeout_s=timeout_s),
                                     info, argv, inter_path, overwrite, backend=backend)
-    measured = train_guarded(backend, info, workload, model, par, steps, warmup, device, tp_impl, out_dir,
+    measured = train_guarded(backend, info, workload, model, par, after, warmup, device, tp_impl, out_dir,
                              timeout_s)
+    if first is not None:
+        measured = replace(measured, step_s=first.step_s + measured.step_s,
+                           rank_step_s=first.rank_step_s + measured.rank_step_s, losses=first.losses + measured.losses)
     return Round(compute_rf, comm_rf, inter_rf, measured)
+
+
+def bracket(steps: int) -> tuple:
+    """(steps trained before a round's measurements, steps after): the round's
+    steps halved around them (the later half one more), so the training
+    samples the machine on both sides of the time the measurements take;
+    one step goes after."""
+    return steps // 2, steps - steps // 2
 
 
 def train_guarded(backend, info, workload, model, par, steps, warmup, device, tp_impl, out_dir, timeout_s):

@@ -20,15 +20,22 @@ def _ops(**kw):
 
 
 def test_ops_for_each_virtual_stage_of_a_pure_pipeline():
-    ops = _ops(world=2, pp=2, global_batch=4, interleave=2, schedule="interleaved")
+    par = Parallelism(world=2, pp=2, global_batch=4, interleave=2, schedule="interleaved")
+    every = _ops(**vars(par))
+    ops = [o for o in every if o.scope == "pp_stage"]
     assert [(dict(o.params)["chunk"], o.stage, o.impl) for o in ops] == [
         (k, k % 2, f"pipeline_{ph}") for k in range(4) for ph in ("fwd", "bwd")]
-    assert all(o.count == 4 and o.scope == "pp_stage" for o in ops)
+    assert all(o.count == 4 for o in ops)
+    # and each pp rank's optimizer step, once a step: the Adam of its stage
+    opt = [o for o in every if o.scope == "pp_optimizer"]
+    adams = compute_ops.optimizer_ops(TINY, par)
+    assert len(every) == len(ops) + len(opt) == 8 + 2
+    assert [(dict(o.params)["rank_stage"], o.stage, o.impl, o.phase, o.count, o.m) for o in opt] == [
+        (s, s, "pipeline_optimizer", "step", 1, adams[s].m) for s in (0, 1)]
     # chunk 0 holds the embedding, the last chunk the head: more FLOPs than a middle chunk
     fwd = [o.flops for o in ops if o.phase == "fwd"]
     assert fwd[1] == fwd[2] < fwd[0] and fwd[1] < fwd[3]
-    assert set(ops) <= set(compute_ops.compute_ops(TINY, Parallelism(world=2, pp=2, global_batch=4, interleave=2,
-                                                                     schedule="interleaved")))
+    assert set(every) <= set(compute_ops.compute_ops(TINY, par))
     # no pipeline, tensor or data parallelism beside it, recompute: none
     for kw in (dict(world=2), dict(world=4, gpus_per_node=4, pp=2, tp=2), dict(world=4, pp=2),
                dict(world=2, pp=2, recompute="full")):
@@ -67,10 +74,38 @@ def test_timed_chunks_replace_the_stages_forward_and_backward():
     assert sb.step_time_s == pytest.approx((m + 1) * 3.0 + 0.5)
 
 
+def pipeline_adam(name, stage):
+    return ComputeOp(name, "optimizer", m=10, count=1, phase="step", impl="pipeline_optimizer", stage=stage,
+                     scope="pp_optimizer", params=(("rank_stage", stage),))
+
+
+def test_optimizer_timed_in_the_pipeline_replaces_adam_in_a_loop():
+    """Stage 0's Adam timed inside the pipeline (0.8) stands for its loop
+    timing (0.5); stage 1's, not measured, keeps its own (0.5). 1F1B on two
+    balanced stages (1 / 2 per micro-batch), m = 4: stage 0's last backward
+    ends at (m + 1) x 3 = 15, stage 1's at 13 (11-13, before stage 0's
+    13-15): 15 + 0.8 against 13 + 0.5."""
+    m = 4
+    par = Parallelism(world=2, gpus_per_node=2, pp=2, global_batch=m)
+    table = {"layer fwd": 1.0, "layer bwd": 2.0, "adam": 0.5, "opt0": 0.8}
+    w = workload(par, layer_ops(m) + [adam(0), adam(1), pipeline_adam("opt0", 0), pipeline_adam("opt1", 1)], [])
+    sb = predict.predict(w, par, MeasuredTable(table, {}))
+    assert sb.step_time_s == pytest.approx(15.8)
+    assert [st["optimizer_s"] for st in sb.stages] == pytest.approx([0.8, 0.5])
+    assert any("stage 0: its optimizer step timed inside the plan's pipeline (800.000 ms)" in n for n in sb.notes)
+    # stage 1's slower in place (3.5): it ends last, 13 + 3.5
+    table["opt1"] = 3.5
+    sb = predict.predict(w, par, MeasuredTable(table, {}))
+    assert sb.step_time_s == pytest.approx(16.5) and sb.critical_stage == 1
+    # neither measured: the loop timings
+    sb = predict.predict(w, par, MeasuredTable({k: table[k] for k in ("layer fwd", "layer bwd", "adam")}, {}))
+    assert sb.step_time_s == pytest.approx(15.5)
+
+
 def test_timed_inside_torch_pipelining_on_two_gloo_ranks(tmp_path):
     ms = compute_measurements(tmp_path, "--model", "tiny-gpt", "--nprocs", "2", "--pp", "2", "--global-batch", "4",
                               iters=3)
-    mine = {(m.case.params["chunk"], m.case.op): m for m in ms if m.case.op.startswith("pipeline_")}
+    mine = {(m.case.params["chunk"], m.case.op): m for m in ms if m.case.op in ("pipeline_fwd", "pipeline_bwd")}
     assert set(mine) == {(k, f"pipeline_{ph}") for k in (0, 1) for ph in ("fwd", "bwd")}
     for (k, _), m in mine.items():
         assert m.status == "ok"
@@ -81,11 +116,18 @@ def test_timed_inside_torch_pipelining_on_two_gloo_ranks(tmp_path):
     # a backward does about twice a forward's work
     for k in (0, 1):
         assert mine[(k, "pipeline_bwd")].stats["time_p50_s"] > mine[(k, "pipeline_fwd")].stats["time_p50_s"]
+    # each rank's optimizer step, once a step, as many steps as the chunks saw
+    opt = {m.case.params["rank_stage"]: m for m in ms if m.case.op == "pipeline_optimizer"}
+    assert set(opt) == {0, 1}
+    for s, m in opt.items():
+        assert m.status == "ok" and len(m.samples_s) == len(mine[(s, "pipeline_fwd")].samples_s) // 4
+        assert [len(x) > 0 for x in m.rank_samples_s] == [r == s for r in (0, 1)]
+        assert m.samples_s == m.rank_samples_s[s] and min(m.samples_s) > 0
 
 
 def test_skipped_where_the_job_is_not_the_plans_world(tmp_path):
     ms = compute_measurements(tmp_path, "--model", "tiny-gpt", "--nprocs", "1", "--world", "2", "--pp", "2",
                               "--global-batch", "4", iters=2)
     mine = [m for m in ms if m.case.op.startswith("pipeline_")]
-    assert len(mine) == 4 and all(m.status == "skipped" for m in mine)
+    assert len(mine) == 4 + 2 and all(m.status == "skipped" for m in mine)
     assert "needs the plan's 2 ranks to run its pipeline, the job has 1" in mine[0].skip_reason

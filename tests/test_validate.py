@@ -62,7 +62,7 @@ def test_validate_trains_the_padded_vocabulary(tmp_path):
 
 
 def test_validate_in_rounds(tmp_path):
-    """--rounds 2: measure, train, measure, train; the steps shared 2 + 1; the
+    """--rounds 2: train, measure, train twice over; the steps shared 2 + 1; the
     prediction the mean of the two rounds' own, each from its round's files;
     the measured step the median of all three steps."""
     from commbench import models, plan as plan_mod, predict as predict_mod
@@ -134,3 +134,36 @@ def test_step_ops_get_the_larger_budget():
     assert {of(op).min_time_s for op in ops if op.scope in validate.STEP_SCOPES} == {0.25}
     assert {of(op).min_time_s for op in ops if op.scope not in validate.STEP_SCOPES} == {0.0}
     assert all(of(op).max_iters == 300 and of(op).target_ci == timing.target_ci for op in ops)
+
+
+def test_each_round_trains_on_both_sides_of_its_measurements(monkeypatch):
+    """A round trains half its steps, measures the kernels, the collectives and
+    their interference, then trains the rest; its steps are both halves'."""
+    from commbench import interference, models, plan as plan_mod, sweep, training, validate
+    from commbench.compute import runner
+    from commbench.parallel import Parallelism
+    calls = []
+
+    def train(backend, info, workload, model, par, steps, *rest):
+        calls.append(("train", steps))
+        k = sum(c[0] == "train" for c in calls)
+        return training.StepTimes(step_s=[float(k)] * steps, rank_step_s=[k + 0.5] * steps, losses=[-k] * steps,
+                                  implementation="fake")
+    monkeypatch.setattr(validate, "train_guarded", train)
+    monkeypatch.setattr(runner, "run", lambda *a, **k: calls.append(("compute",)) or "compute-file")
+    monkeypatch.setattr(sweep, "run", lambda *a, **k: calls.append(("comm",)) or ("comm-file", 0))
+    monkeypatch.setattr(interference, "run", lambda *a, **k: calls.append(("interference",)) or "inter-file")
+    par = Parallelism(world=2, gpus_per_node=2, global_batch=4)
+    model = models.get("tiny-gpt")
+    workload = plan_mod.build(model, par)
+    r = validate.run_round(None, None, workload, model, par, "cpu", 5, 1, "/nonexistent", [], False, None,
+                           validate.timing_settings(), "megatron")
+    assert calls == [("train", 2), ("compute",), ("comm",), ("interference",), ("train", 3)]
+    assert (r.compute, r.comm, r.interference) == ("compute-file", "comm-file", "inter-file")
+    assert r.measured.step_s == [1.0, 1.0, 2.0, 2.0, 2.0] and r.measured.rank_step_s == [1.5] * 2 + [2.5] * 3
+    assert r.measured.losses == [-1, -1, -2, -2, -2]
+    # one step: it goes after the measurements
+    calls.clear()
+    r = validate.run_round(None, None, workload, model, par, "cpu", 1, 1, "/nonexistent", [], False, None,
+                           validate.timing_settings(), "megatron")
+    assert calls[0] == ("compute",) and calls[-1] == ("train", 1) and r.measured.step_s == [1.0]

@@ -423,9 +423,12 @@ def pipeline_stage_ops(model: ModelSpec, par: Parallelism) -> list:
     its share of the rank's busy time between waits for the peers in the
     plan's own torch.distributed.pipelining schedule (forward_one_chunk /
     backward_one_chunk and the schedule's work around them), with the other
-    micro-batches' activations alive and the peers computing. Only for a pure pipeline (pp > 1, tp = dp = 1) without
-    recompute: there nothing else runs inside a chunk (no TP collectives, no
-    DDP reduction in the last micro-batch's backward)."""
+    micro-batches' activations alive and the peers computing; and each pp
+    rank's optimizer step as that step runs it (scope 'pp_optimizer', phase
+    'step', once a step: the Adam of optimizer_ops, timed in place). Only for
+    a pure pipeline (pp > 1, tp = dp = 1) without recompute: there nothing
+    else runs inside a chunk (no TP collectives, no DDP reduction in the last
+    micro-batch's backward)."""
     if par.pp == 1 or par.tp > 1 or par.dp > 1 or par.recompute != "none":
         return []
     layer = layer_ops(model, par, 1)
@@ -441,6 +444,10 @@ def pipeline_stage_ops(model: ModelSpec, par: Parallelism) -> list:
         for phase in ("fwd", "bwd"):
             ops.append(_module_op(f"virtual stage {k} {phase} (in the pipeline)", f"pipeline_{phase}", work, phase,
                                   par.num_microbatches, "pp_stage", k % par.pp, dict(common, chunk=k), par.dtype))
+    for adam in optimizer_ops(model, par):
+        ops.append(replace(adam, name=f"stage {adam.stage} adam step (in the pipeline)",
+                           impl="pipeline_optimizer", scope="pp_optimizer",
+                           params=tuple(sorted(dict(common, rank_stage=adam.stage).items()))))
     return ops
 
 

@@ -18,9 +18,10 @@ SCOPES = (("layer", "transformer layer, kernel by kernel (one micro-batch)"),
           ("stage_module", "each pipeline stage as one module (one micro-batch)"), ("optimizer", "optimizer step"),
           ("framework", "data-parallel framework on a rank alone, bare and wrapped"),
           ("tp_stage", "each stage's micro-batch with its tensor parallelism in place"),
-          ("pp_stage", "each virtual stage inside the plan's pipeline (one micro-batch)"))
+          ("pp_stage", "each virtual stage inside the plan's pipeline (one micro-batch)"),
+          ("pp_optimizer", "each stage's optimizer step inside the plan's pipeline"))
 # tables whose ops are counted differently from one another: no "x count" in the title
-UNCOUNTED = ("optimizer", "framework")
+UNCOUNTED = ("optimizer", "framework", "pp_optimizer")
 
 
 def json_doc(ops, matched) -> dict:

@@ -308,8 +308,10 @@ def run(workload_ops, launch, device, settings, out_path, overwrite, argv, flush
                     # (warmup + 3) steps of m calls, plus the set-up
                     bound = sum(call_s(op, timer) * (mine.max_iters + (mine.warmup + 3) * op.count)
                                 for _, op in items)
-                    with guard.step(f"compute pipeline_fwd/bwd of {len(items) // 2} virtual stages in the plan's "
-                                    f"schedule on ranks 0-{backend.world_size - 1}", 2 * bound + 60.0):
+                    chunks = sum(op.scope == "pp_stage" for _, op in items) // 2
+                    with guard.step(f"compute pipeline_fwd/bwd of {chunks} virtual stages and the optimizer steps "
+                                    f"in the plan's schedule on ranks 0-{backend.world_size - 1}",
+                                    2 * bound + 60.0):
                         for m in pipeline_stage.measure(backend, items, mine, device, hosts):
                             keep(m)
         finally:
