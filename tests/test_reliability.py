@@ -176,12 +176,13 @@ def test_killed_rank_in_compute_ends_the_job_naming_it(tmp_path):
 
 def test_hung_rank_in_validate_training_names_the_step(tmp_path):
     out = tmp_path / "val"
-    proc = start(["validate", "--model", "tiny-gpt", "--nprocs", "2", "--steps", "2", "--warmup-steps", "1",
+    # one step: all of it trained after the measurements (validate.bracket), 1 warmup + 1
+    proc = start(["validate", "--model", "tiny-gpt", "--nprocs", "2", "--steps", "1", "--warmup-steps", "1",
                   "--timeout", str(TIMEOUT), "--out-dir", out], tmp_path, COMMBENCH_INJECT_HANG="1:3:training")
     code, _, err, _ = finish(proc, limit=400)
     assert code == watchdog.EXIT_TIMEOUT, err
     assert len(err) == 1, err
-    assert err[0].startswith("commbench: timeout: training step 2 of 3 (tiny-gpt "), err
+    assert err[0].startswith("commbench: timeout: training step 2 of 2 (tiny-gpt "), err
     assert "rank 1 (still in an earlier step)" in err[0] and str(out) in err[0], err
     # what was measured before the training is kept
     assert results.load(str(out / "compute.jsonl")).measurements
