@@ -345,12 +345,12 @@ def pp_in_place(ops, times: Times, stage: int, bound: str):
 
 
 def pp_optimizer_in_place(ops, times: Times, stage: int, bound: str):
-    """Seconds of the stage's optimizer step as its pipeline's step runs it
-    (compute/pipeline_stage.py); None where not measured."""
+    """(seconds, variance) of the stage's optimizer step as its pipeline's
+    step runs it (compute/pipeline_stage.py); None where not measured."""
     mine = [op for op in ops if op.scope == "pp_optimizer" and op.stage == stage]
     if not mine or not all(times.measured(op) for op in mine):
         return None
-    return sum(times.compute(op, bound) * op.count for op in mine)
+    return sum(times.compute(op, bound) * op.count for op in mine), sum(times.spread(op) ** 2 for op in mine)
 
 
 def _apply_pp_in_place(st: StageTimes, fwd: float, bwd: float):
@@ -500,11 +500,9 @@ def stage_times(workload_ops, comm_ops, par, times: Times, bound: str) -> list:
                                    f"pipeline ({pipe[0] * 1e3:.3f} ms fwd, {pipe[1] * 1e3:.3f} ms bwd)")
         opt = pp_optimizer_in_place(workload_ops, times, s, bound)
         if opt is not None:
-            st.optimizer_s = opt
-            st.optimizer_var_s2 = sum(times.spread(op) ** 2 for op in workload_ops
-                                      if op.scope == "pp_optimizer" and op.stage == s)
+            st.optimizer_s, st.optimizer_var_s2 = opt
             times.notes.setdefault(("pp optimizer in place", s), f"stage {s}: its optimizer step timed inside the "
-                                   f"plan's pipeline ({opt * 1e3:.3f} ms)")
+                                   f"plan's pipeline ({opt[0] * 1e3:.3f} ms)")
         found = tp_in_place(workload_ops, times, s, bound)
         if found is not None:
             whole, exact = found

@@ -96,14 +96,7 @@ class ChunkClock:
         self.start, self.chunks = None, []
 
     def chunk(self, fn, key):
-        def call(*args, **kwargs):
-            self.sync()
-            t0 = time.perf_counter()
-            out = fn(*args, **kwargs)
-            self.sync()
-            self.chunks.append((key, time.perf_counter() - t0))
-            return out
-        return call
+        return _timed(fn, self.sync, lambda d: self.chunks.append((key, d)))
 
 
 def key_of(op) -> str:
@@ -115,14 +108,14 @@ def key_of(op) -> str:
     return f"{p['chunk']}/{op.impl.rsplit('_', 1)[1]}"
 
 
-def _timed_into(fn, samples: list, sync):
-    """fn, each call's duration (bounded by device synchronizations) appended to samples."""
+def _timed(fn, sync, record):
+    """fn, each call's duration (bounded by device synchronizations) told to record."""
     def call(*args, **kwargs):
         sync()
         t0 = time.perf_counter()
         out = fn(*args, **kwargs)
         sync()
-        samples.append(time.perf_counter() - t0)
+        record(time.perf_counter() - t0)
         return out
     return call
 
@@ -141,10 +134,10 @@ def _around(fn, before, after):
 def run_steps(backend, items, settings, device) -> dict:
     """Run the plan's pipeline for warmup + n steps on every rank; this rank's
     chunk times {(virtual stage, "fwd"|"bwd"): [seconds per call]} after the
-    warmup (ChunkClock) and its optimizer steps' {(pp index, "optimizer"): [...]}. n: at least 3 steps and settings.iters calls of a
-    chunk, then more while the time budget (settings.time_budget_s per op)
-    lasts, at most settings.max_iters calls; rank 0 decides, so every rank runs
-    as many."""
+    warmup (ChunkClock) and its optimizer steps' {(pp index, "optimizer"):
+    [...]}. n: at least 3 steps and settings.iters calls of a chunk, then more
+    while the time budget (settings.time_budget_s per op) lasts, at most
+    settings.max_iters calls; rank 0 decides, so every rank runs as many."""
     import torch
     import torch.distributed as dist
     import torch.distributed.pipelining.schedules as schedules
@@ -157,7 +150,7 @@ def run_steps(backend, items, settings, device) -> dict:
     step, stages, sched, opt = training.pipeline(spec, par, mesh, dev, seed=0)
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
     clock, opt_s = ChunkClock(sync), []
-    opt.step = _timed_into(opt.step, opt_s, sync)
+    opt.step = _timed(opt.step, sync, opt_s.append)
     for st in stages:
         st.forward_one_chunk = clock.chunk(st.forward_one_chunk, (st.stage_index, "fwd"))
         st.backward_one_chunk = clock.chunk(st.backward_one_chunk, (st.stage_index, "bwd"))
