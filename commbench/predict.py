@@ -513,6 +513,8 @@ def stage_times(workload_ops, comm_ops, par, times: Times, bound: str) -> list:
                                    f"TP time = that less the stage's compute"
                                    f"{'' if exact else ' without its recomputed forwards, plus their TP collectives'}")
         over = framework_overhead(workload_ops, times, s, bound)
+        if pipe is not None and over is not None:
+            over = (0.0, over[1])       # DDP's work on a micro-batch is in the chunks timed in place
         fsdp = dp_in_place(workload_ops, times, s, bound)
         if fsdp is not None:
             _apply_dp_in_place(st, fsdp)

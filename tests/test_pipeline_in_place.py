@@ -1,7 +1,9 @@
-"""A pure pipeline's stages timed inside the pipeline: which plans get the ops,
+"""A pipeline's stages timed inside the pipeline: which plans get the ops,
 how the predictor takes them for the stages' forward and backward
-(hand-computed 1F1B), and real timings of torch pipelining on two gloo ranks,
-skipped where the job is not the plan's world."""
+(hand-computed 1F1B), and real timings of torch pipelining on two gloo ranks
+(and on four, under DDP), skipped where the job is not the plan's world."""
+import json
+
 import pytest
 
 from commbench import models, predict
@@ -9,7 +11,7 @@ from commbench.compute import ops as compute_ops
 from commbench.parallel import Parallelism
 from commbench.workload import ComputeOp
 from conftest import compute_measurements
-from test_framework_overhead import MeasuredTable
+from test_framework_overhead import MeasuredTable, framework_op
 from test_predict import adam, layer_ops, workload
 
 TINY = models.get("tiny-gpt")
@@ -36,10 +38,25 @@ def test_ops_for_each_virtual_stage_of_a_pure_pipeline():
     fwd = [o.flops for o in ops if o.phase == "fwd"]
     assert fwd[1] == fwd[2] < fwd[0] and fwd[1] < fwd[3]
     assert set(every) <= set(compute_ops.compute_ops(TINY, par))
-    # no pipeline, tensor or data parallelism beside it, recompute: none
-    for kw in (dict(world=2), dict(world=4, gpus_per_node=4, pp=2, tp=2), dict(world=4, pp=2),
-               dict(world=2, pp=2, recompute="full")):
+    # no pipeline, tensor parallelism or ZeRO beside it, recompute: none
+    for kw in (dict(world=2), dict(world=4, gpus_per_node=4, pp=2, tp=2), dict(world=4, pp=2, zero=1),
+               dict(world=4, pp=2, zero=3), dict(world=2, pp=2, recompute="full")):
         assert _ops(global_batch=8, **kw) == [], kw
+
+
+def test_ops_for_a_pipeline_under_ddp():
+    """pp+dp with DDP: the same chunks and optimizer steps, the plan naming its
+    DDP (the dp ranks and their buckets); one micro-batch a step (every
+    backward the one that reduces): none."""
+    par = Parallelism(world=4, pp=2, global_batch=8, bucket_mb=10.0)
+    ops = _ops(**vars(par))
+    assert sorted((o.scope, o.impl) for o in ops) == sorted(
+        [("pp_stage", f"pipeline_{ph}") for _ in (0, 1) for ph in ("fwd", "bwd")] +
+        [("pp_optimizer", "pipeline_optimizer")] * 2)
+    plan = json.loads(dict(ops[0].params)["plan"])
+    assert (plan["world"], plan["pp"], plan["bucket_mb"], plan["grad_dtype"]) == (4, 2, 10.0, par.grad_dtype)
+    assert all(o.count == par.num_microbatches == 4 for o in ops if o.scope == "pp_stage")
+    assert _ops(world=4, pp=2, global_batch=2) == []
 
 
 def chunk(name, k, phase, m):
@@ -72,6 +89,31 @@ def test_timed_chunks_replace_the_stages_forward_and_backward():
         del table[k]
     sb = predict.predict(w, par, MeasuredTable(table, {}))
     assert sb.step_time_s == pytest.approx((m + 1) * 3.0 + 0.5)
+
+
+def test_chunks_timed_under_ddp_carry_its_micro_batch_work():
+    """pp = 2 under DDP (dp = 2), m = 2: layers timed in a loop 1 / 2 per
+    micro-batch; DDP's own work on each stage timed on one rank: (6 + 5) - 2 x
+    3 = 5 a step, 2.5 a micro-batch. Loop timings: that work added, each
+    stage 5.5 a micro-batch, 1F1B (m + 1) x 5.5 + Adam 0.5 = 17. Chunks timed
+    inside the pipeline under DDP (1.5 / 2.5) hold that work already:
+    (m + 1) x 4 + 0.5 = 12.5, nothing added."""
+    m = 2
+    par = Parallelism(world=4, gpus_per_node=4, pp=2, global_batch=4)
+    assert par.dp == 2 and par.num_microbatches == m
+    fw = [op for s in (0, 1) for op in (framework_op(f"sync{s}", "dp_microbatch", "ddp", 1, stage=s),
+                                         framework_op(f"nosync{s}", "dp_microbatch", "ddp_no_sync", 1, stage=s),
+                                         framework_op(f"bare{s}", "dp_microbatch", "none", m, stage=s))]
+    pipe = [chunk(f"s{k} {ph}", k, ph, m) for k in (0, 1) for ph in ("fwd", "bwd")]
+    table = {"layer fwd": 1.0, "layer bwd": 2.0, "adam": 0.5, **{f"{w}{s}": v for s in (0, 1) for w, v in
+                                                                  (("sync", 6.0), ("nosync", 5.0), ("bare", 3.0))}}
+    w = workload(par, layer_ops(m) + [adam(0), adam(1)] + fw + pipe, [])
+    loop = predict.predict(w, par, MeasuredTable(table, {}))
+    assert loop.step_time_s == pytest.approx((m + 1) * 5.5 + 0.5)
+    table.update({"s0 fwd": 1.5, "s0 bwd": 2.5, "s1 fwd": 1.5, "s1 bwd": 2.5})
+    sb = predict.predict(w, par, MeasuredTable(table, {}))
+    assert sb.step_time_s == pytest.approx((m + 1) * 4.0 + 0.5)
+    assert any("adds 0.000 ms to its micro-batches" in n for n in sb.notes)
 
 
 def pipeline_adam(name, stage):
@@ -131,3 +173,28 @@ def test_skipped_where_the_job_is_not_the_plans_world(tmp_path):
     mine = [m for m in ms if m.case.op.startswith("pipeline_")]
     assert len(mine) == 4 + 2 and all(m.status == "skipped" for m in mine)
     assert "needs the plan's 2 ranks to run its pipeline, the job has 1" in mine[0].skip_reason
+
+
+def test_timed_inside_pipelining_with_ddp_on_four_gloo_ranks(tmp_path):
+    """pp 2 x dp 2 under DDP, 4 micro-batches a step: chunk k on ranks 2k and
+    2k + 1 (the mesh is pp, dp); a forward sampled 4 times a step, a backward
+    3 times (its last, DDP's reduction, left out); a call's sample is the
+    slower replica's."""
+    ms = compute_measurements(tmp_path, "--model", "tiny-gpt", "--nprocs", "4", "--pp", "2", "--global-batch", "8",
+                              iters=3)
+    mine = {(m.case.params["chunk"], m.case.op): m for m in ms if m.case.op in ("pipeline_fwd", "pipeline_bwd")}
+    assert set(mine) == {(k, f"pipeline_{ph}") for k in (0, 1) for ph in ("fwd", "bwd")}
+    for k in (0, 1):
+        fwd, bwd = mine[(k, "pipeline_fwd")], mine[(k, "pipeline_bwd")]
+        assert fwd.status == bwd.status == "ok"
+        steps = len(fwd.samples_s) // 4
+        assert steps >= 3 and len(fwd.samples_s) == 4 * steps and len(bwd.samples_s) == 3 * steps
+        for m in (fwd, bwd):
+            holders = [r for r, s in enumerate(m.rank_samples_s) if s]
+            assert holders == [2 * k, 2 * k + 1]
+            assert m.samples_s == pytest.approx([max(a, b) for a, b in zip(*(m.rank_samples_s[r] for r in holders))])
+    opt = {m.case.params["rank_stage"]: m for m in ms if m.case.op == "pipeline_optimizer"}
+    assert set(opt) == {0, 1}
+    for s, m in opt.items():
+        assert m.status == "ok" and len(m.samples_s) == len(mine[(s, "pipeline_fwd")].samples_s) // 4
+        assert [r for r, x in enumerate(m.rank_samples_s) if x] == [2 * s, 2 * s + 1]

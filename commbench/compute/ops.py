@@ -425,17 +425,24 @@ def pipeline_stage_ops(model: ModelSpec, par: Parallelism) -> list:
     backward_one_chunk and the schedule's work around them), with the other
     micro-batches' activations alive and the peers computing; and each pp
     rank's optimizer step as that step runs it (scope 'pp_optimizer', phase
-    'step', once a step: the Adam of optimizer_ops, timed in place). Only for
-    a pure pipeline (pp > 1, tp = dp = 1) without recompute: there nothing
-    else runs inside a chunk (no TP collectives, no DDP reduction in the last
-    micro-batch's backward)."""
-    if par.pp == 1 or par.tp > 1 or par.dp > 1 or par.recompute != "none":
+    'step', once a step: the Adam of optimizer_ops, timed in place). For a
+    pipeline (pp > 1) without tensor parallelism or recompute, alone or under
+    DDP (dp > 1, ZeRO 0): there nothing but the chunk runs inside a chunk (no
+    TP collectives); under DDP each chunk's last backward of a step, which
+    holds DDP's gradient reduction, is left out of its backward's samples and
+    every dp replica of a stage times it (so it needs two micro-batches at
+    least). ZeRO-1/2/3 put their collectives in the optimizer step or in every
+    chunk: no ops."""
+    ddp_ok = par.zero == 0 and par.num_microbatches >= 2
+    if par.pp == 1 or par.tp > 1 or (par.dp > 1 and not ddp_ok) or par.recompute != "none":
         return []
     layer = layer_ops(model, par, 1)
     nvirt = par.pp * par.interleave
     plan = json.dumps({"world": par.world, "pp": par.pp, "micro_batch": par.micro_batch,
                        "global_batch": par.global_batch, "seq": par.seq_for(model), "dtype": par.dtype,
-                       "schedule": par.schedule, "interleave": par.interleave}, sort_keys=True)
+                       "schedule": par.schedule, "interleave": par.interleave,
+                       **({"bucket_mb": par.bucket_mb, "grad_dtype": par.grad_dtype} if par.dp > 1 else {})},
+                      sort_keys=True)
     common = dict(_layer_shape(model, par), plan=plan, model=json.dumps(asdict(model), sort_keys=True))
     ops = []
     for k in range(nvirt):
@@ -459,7 +466,7 @@ def compute_ops(model: ModelSpec, par: Parallelism, tp_flavour: str = "megatron"
     framework's own work (framework_ops), and each stage's micro-batch with its
     tensor parallelism in place (tp_stage_ops; tp_flavour: whose
     implementation), with ZeRO-2/3's FSDP in place (fsdp_stage_ops), and each
-    virtual stage inside a pure pipeline (pipeline_stage_ops).
+    virtual stage inside a pipeline (pipeline_stage_ops).
     Counts are per optimizer step."""
     m = par.num_microbatches
     layers = model.num_layers // par.pp

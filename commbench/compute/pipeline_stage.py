@@ -20,15 +20,23 @@ embeddings' all-reduce, the peer ranks stepping theirs. On this project's
 three rounds of one validation) against 0.64-0.67 ms (each rank's p50) for
 the same Adam timed in a loop on both ranks at once (a round of another).
 
-The ops are those of compute.ops.pipeline_stage_ops (a pure pipeline: pp > 1,
-tp = dp = 1, no recompute); they need the job to be the plan's world, else
-they are skipped with the reason."""
+Under DDP (pp+dp, ZeRO 0) a chunk's last backward of a step holds DDP's
+gradient reduction (torch pipelining runs the others under no_sync): it
+keeps its share of its segment, under a key of its own that is not
+reported, so the chunk's backward samples are its m - 1 others a step. Every
+dp replica of a stage times its chunks; a call's sample is the slowest
+replica's.
+
+The ops are those of compute.ops.pipeline_stage_ops (pp > 1, tp = 1, dp = 1
+or DDP, no recompute); they need the job to be the plan's world, else they
+are skipped with the reason."""
 import json
 import math
 import time
 
 IMPLS = ("pipeline_fwd", "pipeline_bwd", "pipeline_optimizer")
 OPTIMIZER = "optimizer"
+REDUCE = "bwd_reduce"     # under DDP, a chunk's last backward of a step: not reported
 
 
 def plans(items) -> list:
@@ -95,8 +103,13 @@ class ChunkClock:
             self.carry = total
         self.start, self.chunks = None, []
 
-    def chunk(self, fn, key):
-        return _timed(fn, self.sync, lambda d: self.chunks.append((key, d)))
+    def chunk(self, fn, key, last_key=None):
+        """fn timed as one of the chunks key; a call with last_backward=True
+        goes by last_key where given (DDP reduces the gradients in it)."""
+        def call(*args, **kwargs):
+            k = last_key if last_key is not None and kwargs.get("last_backward") else key
+            return _timed(fn, self.sync, lambda d: self.chunks.append((k, d)))(*args, **kwargs)
+        return call
 
 
 def key_of(op) -> str:
@@ -153,7 +166,8 @@ def run_steps(backend, items, settings, device) -> dict:
     opt.step = _timed(opt.step, sync, opt_s.append)
     for st in stages:
         st.forward_one_chunk = clock.chunk(st.forward_one_chunk, (st.stage_index, "fwd"))
-        st.backward_one_chunk = clock.chunk(st.backward_one_chunk, (st.stage_index, "bwd"))
+        st.backward_one_chunk = clock.chunk(st.backward_one_chunk, (st.stage_index, "bwd"),
+                                           (st.stage_index, REDUCE) if par.dp > 1 else None)
     sched._step_microbatches = _around(sched._step_microbatches, clock.begin, clock.end)
     wait = schedules._wait_batch_p2p
     schedules._wait_batch_p2p = _around(wait, clock.end, clock.begin)
