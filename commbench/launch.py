@@ -287,6 +287,7 @@ def _stop(procs, grace_s: float = 5.0):
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 STEADY_MMAP_THRESHOLD_B = 32 * 2 ** 20
 ALLOCATOR_MMAP_THRESHOLD_B = None     # what setup_cpu_rank fixed in this process, if anything
+FLUSH_DENORMAL = None                 # whether setup_cpu_rank made torch flush denormal numbers to zero
 
 
 def steady_allocator() -> int | None:
@@ -315,14 +316,22 @@ def setup_cpu_rank(info: LaunchInfo, device: str):
     torch's kernels (as torchrun's OMP_NUM_THREADS=1 default intends), unless the
     user chose with OMP_NUM_THREADS: ranks that oversubscribe the cores time
     each other's contention, not the kernels; and fix malloc's thresholds
-    (steady_allocator; the value set is in ALLOCATOR_MMAP_THRESHOLD_B). Compute
+    (steady_allocator; the value set is in ALLOCATOR_MMAP_THRESHOLD_B); and flush
+    denormal numbers to zero (torch.set_flush_denormal; whether it took is in
+    FLUSH_DENORMAL), as a GPU's kernels run at full speed on them: on a CPU they
+    cost up to a hundred times a normal number, and a freshly initialised
+    model's tied head makes them (small-gpt's softmax probabilities went down to
+    3e-40), so that a module's time depended on how far its weights had been
+    trained: small-gpt's whole-model stage backward took 40 ms on its initial
+    weights, 23 ms after one Adam step, 13 ms with the head untied. Compute
     timing and validation call this alike, so their kernels run with the same
-    threads and allocator."""
-    global ALLOCATOR_MMAP_THRESHOLD_B
+    threads, allocator and numerics."""
+    global ALLOCATOR_MMAP_THRESHOLD_B, FLUSH_DENORMAL
     if device != "cpu":
         return
+    import torch
     ALLOCATOR_MMAP_THRESHOLD_B = steady_allocator() or ALLOCATOR_MMAP_THRESHOLD_B
+    FLUSH_DENORMAL = torch.set_flush_denormal(True)
     if os.environ.get("OMP_NUM_THREADS"):
         return
-    import torch
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, info.local_world_size)))

@@ -243,6 +243,7 @@ def report(workload, par, rounds: list, device, timing) -> dict:
                    "target_ci": timing.target_ci, "ci_of": timing.ci_of},
         "interference": None if slows[0] is None else {k: statistics.mean(s[k] for s in slows) for k in slows[0]},
         "malloc_mmap_threshold_b": launch.ALLOCATOR_MMAP_THRESHOLD_B,
+        "flush_denormal": launch.FLUSH_DENORMAL,
         "rounds": each,
         "results": {kind: None if getattr(rounds[0], kind) is None else [getattr(r, kind).path for r in rounds]
                     for kind in kinds},

@@ -309,6 +309,27 @@ def test_steady_allocator_keeps_freed_blocks_for_the_next_call(mode):
         assert set_ == "None" and int(faults) > pages // 4     # 470-981 of 1024 seen
 
 
+DENORMALS = """
+import sys, torch
+from commbench import launch
+if sys.argv[1] != "none":
+    launch.setup_cpu_rank(launch.LaunchInfo("local", 0, 1, 0, 1), sys.argv[1])
+x = torch.full((4,), 1e-39)                      # a denormal float32
+print(launch.FLUSH_DENORMAL, bool((x * 1.0 == 0).all()), bool((x * 1e30).sum() > 0))
+"""
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda", "none"])
+def test_cpu_ranks_flush_denormal_numbers(device):
+    """A CPU rank computes with denormals as zero (as compute timing and
+    validate both set it up): 1e-39 reads as 0; untouched otherwise, where
+    1e-39 x 1e30 is 1e-9."""
+    p = subprocess.run([sys.executable, "-c", DENORMALS, device], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == (["True", "True", "False"] if device == "cpu" else ["None", "False", "True"])
+
+
 def test_more_ranks_than_gpus_is_one_clear_error(monkeypatch):
     """NCCL needs a GPU per rank: 2 local ranks on a host with 1 visible GPU stop
     before any process group, naming both counts (not NCCL's "Duplicate GPU")."""

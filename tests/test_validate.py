@@ -30,6 +30,7 @@ def test_validate_ddp_two_ranks(tmp_path):
     assert doc["timing"] == {"time_budget_s": 0.5, "step_op_time_budget_s": 2.0, "step_op_min_time_s": 0.5,
                              "max_iters": 2000, "target_ci": 0.02, "ci_of": "mean"}
     assert doc["malloc_mmap_threshold_b"] == 32 << 20      # launch.steady_allocator on every rank
+    assert doc["flush_denormal"] is True                    # and denormal numbers flushed to zero
     (one,) = doc["rounds"]
     assert one["measured_steps_s"] == doc["measured_steps_s"] and one["error_pct"] == doc["error_pct"]
     assert one["results"]["comm"] == doc["results"]["comm"][0] == str(out / "comm.jsonl")

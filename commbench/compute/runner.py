@@ -270,7 +270,8 @@ def run(workload_ops, launch, device, settings, out_path, overwrite, argv, flush
                                  threads_per_rank=torch.get_num_threads(), warmup=settings.warmup,
                                  iters=settings.iters, max_iters=settings.max_iters,
                                  time_budget_s=settings.time_budget_s, target_ci=settings.target_ci,
-                                 ci_of=settings.ci_of, malloc_mmap_threshold_b=launch_mod.ALLOCATOR_MMAP_THRESHOLD_B))
+                                 ci_of=settings.ci_of, malloc_mmap_threshold_b=launch_mod.ALLOCATOR_MMAP_THRESHOLD_B,
+                                 flush_denormal=launch_mod.FLUSH_DENORMAL))
         from commbench import rankcheck
         rankcheck.check_same(backend, {k: v for k, v in header["settings"].items() if k != "threads_per_rank"})
         writer = results.open_on_rank0(backend.rank, backend.control_bcast, out_path, header, overwrite)
