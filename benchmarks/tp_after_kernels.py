@@ -81,7 +81,7 @@ def main():
     if a.emulate:
         return subprocess.call([sys.executable, "-m", "commbench", "emulate", "--nodes", "2",
                                 "--inter-bw", a.emulate, "--", *me], env=env)
-    return subprocess.call([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", *me], env=env)
+    return subprocess.call([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", *me[1:]], env=env)
 
 
 if __name__ == "__main__":

@@ -179,14 +179,19 @@ def _dtensor_worker(rank, world, port, queue):
         par = Parallelism(world=4, gpus_per_node=4, tp=2, pp=2, global_batch=2, dtype="fp32", seq=32)
         sp = Parallelism(world=4, gpus_per_node=4, tp=2, sp=True, global_batch=2, dtype="fp32", seq=32)
         ops = _tp_ops(par, "dtensor") + _tp_ops(sp, "dtensor")
-        tp_stage.tp_group(2)
+        from commbench.compute import plan_groups
+        # the groups as training's DeviceMesh makes them: the default group where one
+        # group holds every rank (training's pure TP), new groups of the plan's ranks else
+        groups = {"tp2": dist.get_process_group_ranks(tp_stage.tp_group(2)),
+                  "tp4_is_world": tp_stage.tp_group(4) is dist.group.WORLD,
+                  "strided": dist.get_process_group_ranks(plan_groups([(0, 2), (1, 3)]))}
         done = []
         for op in ops:           # every rank runs every stage's op, as the compute runner does
             call = tp_stage.prepare_microbatch(op, "cpu", torch.float32)
             call()
             done.append(op.stage)
         dist.destroy_process_group()
-        queue.put((rank, done, None))
+        queue.put((rank, (done, groups), None))
     except Exception:
         queue.put((rank, None, traceback.format_exc()))
 
@@ -209,7 +214,10 @@ def test_dtensor_stages_run_on_four_gloo_ranks():
                 p.kill()
     errors = [err for _, _, err in got if err]
     assert not errors, errors[0]
-    assert all(done == [0, 1, 0] for _, done, _ in got)
+    for rank, (done, groups), _ in got:
+        assert done == [0, 1, 0]
+        assert groups == {"tp2": [rank // 2 * 2, rank // 2 * 2 + 1], "tp4_is_world": True,
+                          "strided": [rank % 2, rank % 2 + 2]}
 
 
 def test_skipped_where_the_job_cannot_form_the_group(tmp_path):

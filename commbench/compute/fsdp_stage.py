@@ -23,14 +23,13 @@ def group_plans(ops) -> list:
 def make_groups(ops, world: int):
     """Create, on every rank at once (collective), the dp groups of each plan
     mesh the ops need that this job (of world ranks) is."""
-    import torch.distributed as dist
-
+    from commbench.compute import plan_groups
     from commbench.parallel import Parallelism
     for mesh in group_plans(ops):
         w, tp, pp, dp = mesh
         if w == world and mesh not in _GROUPS:
             par = Parallelism(world=w, gpus_per_node=w, tp=tp, pp=pp, dp=dp, global_batch=dp)
-            _GROUPS[mesh], _ = dist.new_subgroups_by_enumeration([list(g) for g in par.groups["dp"]])
+            _GROUPS[mesh] = plan_groups(par.groups["dp"])
 
 
 def prepare_microbatch(op, device, dtype):

@@ -1,0 +1,94 @@
+"""Which process group the in-place TP micro-batch is timed over: a plan's
+tp_microbatch op (Megatron TP over both ranks) timed by the compute runner, as
+validate times it, over the job's default group and over a new gloo group of
+the same two ranks, each right after real training steps of the plan (whose
+DeviceMesh takes the default group for a TP dimension that spans the job).
+The two cases alternate in order from one repetition to the next.
+
+    .venv/bin/python benchmarks/tp_group.py [--model tiny-gpt] [--reps 12]
+    sudo .venv/bin/python benchmarks/tp_group.py --emulate 200mbit
+
+--emulate RATE runs the two ranks on an emulated 2-node cluster (`commbench
+emulate`, root), the link shaped to RATE; without it, 2 local ranks.
+Prints per case the median over repetitions of the op's time per micro-batch
+(slowest rank's mean), each repetition's value, and in how many repetitions
+the new group was the slower one.
+"""
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+
+STEPS = "real step / m (median)"
+WORLD = "op over the default group"
+NEW = "op over a new group, same ranks"
+
+
+def rank_main(model_name: str, reps: int):
+    import torch.distributed as dist
+
+    from commbench import launch, plan, training, validate, watchdog
+    from commbench.compute import runner, tp_stage
+    from commbench.models import get
+    from commbench.parallel import Parallelism
+    info = launch.detect()
+    launch.setup_cpu_rank(info, "cpu")
+    model = get(model_name)
+    par = Parallelism(world=2, gpus_per_node=1, tp=2, micro_batch=1, global_batch=4, dtype="fp32",
+                      allow_tp_across_nodes=True)
+    tp_op = [op for op in plan.build(model, par).compute_ops if op.scope == "tp_stage"]
+    backend = watchdog.open_backend("torch", info, "cpu", 300)
+    timing = validate.timing_settings(0.5)     # as benchmarks/validate_accuracy.py runs validate
+    new_group, _ = dist.new_subgroups(group_size=2)
+    out = f"/tmp/tp_group.{os.getpid()}.jsonl"
+    res = {STEPS: [], WORLD: [], NEW: []}
+
+    def timed(group, tag):
+        tp_stage._GROUPS[2] = group            # the group the op's module is built over
+        rf = runner.run(tp_op, info, "cpu", timing, out, True, ["tp_group"], backend=backend,
+                        settings_for=validate.settings_for(timing))
+        if info.rank == 0:
+            res[tag].append(max(statistics.mean(s) for s in rf.measurements[0].rank_samples_s))
+
+    def steps():
+        st = training.train_steps(model, par, 14, 2, "cpu", tp_impl="megatron")
+        if info.rank == 0:
+            res[STEPS].append(statistics.median(st.step_s) / par.num_microbatches)
+
+    for i in range(reps):
+        cases = [(dist.group.WORLD, WORLD), (new_group, NEW)]
+        for group, tag in (cases if i % 2 else cases[::-1]):
+            steps()
+            timed(group, tag)
+    if info.rank == 0:
+        os.unlink(out)
+        print(f"{model_name}, Megatron TP x 2, micro-batch 1, {par.num_microbatches} micro-batches; "
+              f"ms per micro-batch, {reps} repetitions")
+        for tag, v in res.items():
+            print(f"  {tag:32s} median {statistics.median(v) * 1e3:6.1f}  ({' '.join(f'{x * 1e3:.1f}' for x in v)})")
+        slower = sum(n > w for n, w in zip(res[NEW], res[WORLD]))
+        print(f"  the new group slower in {slower} of {reps} repetitions")
+    backend.close()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="tiny-gpt")
+    ap.add_argument("--reps", type=int, default=12)
+    ap.add_argument("--emulate", metavar="RATE")
+    a = ap.parse_args()
+    if "RANK" in os.environ:
+        return rank_main(a.model, a.reps)
+    me = [sys.executable, os.path.abspath(__file__), "--model", a.model, "--reps", str(a.reps)]
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                                        os.environ.get("PYTHONPATH")])))
+    if a.emulate:
+        return subprocess.call([sys.executable, "-m", "commbench", "emulate", "--nodes", "2",
+                                "--inter-bw", a.emulate, "--", *me], env=env)
+    return subprocess.call([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", *me[1:]], env=env)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
