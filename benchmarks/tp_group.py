@@ -14,10 +14,8 @@ Prints per case the median over repetitions of the op's time per micro-batch
 (slowest rank's mean), each repetition's value, and in how many repetitions
 the new group was the slower one.
 """
-import argparse
 import os
 import statistics
-import subprocess
 import sys
 
 STEPS = "real step / m (median)"
@@ -72,23 +70,7 @@ def rank_main(model_name: str, reps: int):
     backend.close()
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="tiny-gpt")
-    ap.add_argument("--reps", type=int, default=12)
-    ap.add_argument("--emulate", metavar="RATE")
-    a = ap.parse_args()
-    if "RANK" in os.environ:
-        return rank_main(a.model, a.reps)
-    me = [sys.executable, os.path.abspath(__file__), "--model", a.model, "--reps", str(a.reps)]
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                                        os.environ.get("PYTHONPATH")])))
-    if a.emulate:
-        return subprocess.call([sys.executable, "-m", "commbench", "emulate", "--nodes", "2",
-                                "--inter-bw", a.emulate, "--", *me], env=env)
-    return subprocess.call([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", *me[1:]], env=env)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import two_ranks
+    sys.exit(two_ranks.main(__file__, __doc__.splitlines()[0], rank_main, reps=12))
