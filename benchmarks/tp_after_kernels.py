@@ -16,20 +16,13 @@ import sys
 
 
 def rank_main(model_name: str, reps: int):
-    from commbench import launch, plan, training, validate, watchdog
+    import two_ranks
+
+    from commbench import training, validate
     from commbench.compute import runner
-    from commbench.models import get
-    from commbench.parallel import Parallelism
-    info = launch.detect()
-    launch.setup_cpu_rank(info, "cpu")
-    model = get(model_name)
-    par = Parallelism(world=2, gpus_per_node=1, tp=2, micro_batch=1, global_batch=4, dtype="fp32",
-                      allow_tp_across_nodes=True)
-    wl = plan.build(model, par)
-    backend = watchdog.open_backend("torch", info, "cpu", 300)
-    timing = validate.timing_settings(0.5)     # as benchmarks/validate_accuracy.py runs validate
-    tp_op = [op for op in wl.compute_ops if op.scope == "tp_stage"]
-    others = [op for op in wl.compute_ops if op.scope != "tp_stage"]
+    info, model, par, ops, backend, timing = two_ranks.tp_rank(model_name)
+    tp_op = [op for op in ops if op.scope == "tp_stage"]
+    others = [op for op in ops if op.scope != "tp_stage"]
     out = f"/tmp/tp_after_kernels.{os.getpid()}.jsonl"
     res = {}
 

@@ -26,18 +26,12 @@ NEW = "op over a new group, same ranks"
 def rank_main(model_name: str, reps: int):
     import torch.distributed as dist
 
-    from commbench import launch, plan, training, validate, watchdog
+    import two_ranks
+
+    from commbench import training, validate
     from commbench.compute import runner, tp_stage
-    from commbench.models import get
-    from commbench.parallel import Parallelism
-    info = launch.detect()
-    launch.setup_cpu_rank(info, "cpu")
-    model = get(model_name)
-    par = Parallelism(world=2, gpus_per_node=1, tp=2, micro_batch=1, global_batch=4, dtype="fp32",
-                      allow_tp_across_nodes=True)
-    tp_op = [op for op in plan.build(model, par).compute_ops if op.scope == "tp_stage"]
-    backend = watchdog.open_backend("torch", info, "cpu", 300)
-    timing = validate.timing_settings(0.5)     # as benchmarks/validate_accuracy.py runs validate
+    info, model, par, ops, backend, timing = two_ranks.tp_rank(model_name)
+    tp_op = [op for op in ops if op.scope == "tp_stage"]
     new_group, _ = dist.new_subgroups(group_size=2)
     out = f"/tmp/tp_group.{os.getpid()}.jsonl"
     res = {STEPS: [], WORLD: [], NEW: []}
