@@ -708,17 +708,18 @@ def model_flops(workload, par) -> float:
     return total * par.tp * par.dp
 
 
-def simulate(par, fwd, bwd, p2p, full: bool, cache: dict | None = None) -> schedule.PipelineResult:
-    """The pipeline of a plan with these chunk and p2p times; its timelines hold
+def simulate(par, fwd, bwd, p2p, full: bool, cache: dict | None = None, hold: tuple = ()) -> schedule.PipelineResult:
+    """The pipeline of a plan with these chunk and p2p times (and per-chunk holds
+    of the last backward, schedule.simulate_pipeline's hold_s); its timelines hold
     every op with full=True, else only the last micro-batch's (enough for DP
     collectives issued once per step). cache (kept across the predictions of one
     search) holds simulations by their inputs: identical inputs, identical results."""
     m = par.num_microbatches
     kw = dict(schedule=par.schedule if par.pp > 1 else "1f1b", interleave=par.interleave if par.pp > 1 else 1,
-              record="all" if full else "last")
+              record="all" if full else "last", hold_s=hold or 0.0)
     if callable(p2p):           # the same calls simulate_pipeline makes, once, as a key
         p2p = tuple(p2p(k) for k in range(par.pp * kw["interleave"] - 1))
-    key = (par.pp, m, kw["schedule"], kw["interleave"], tuple(fwd), tuple(bwd), p2p)
+    key = (par.pp, m, kw["schedule"], kw["interleave"], tuple(fwd), tuple(bwd), p2p, tuple(hold))
     hit = cache.get(key) if cache is not None else None
     if hit is not None and (hit.record == "all" or not full):
         return hit
@@ -759,6 +760,42 @@ def straggler_wait(st: StageTimes, m: int, dp_ops: list, times: Times, stage: in
     return wait
 
 
+def held_by_finalize(c, par) -> bool:
+    """Whether a DP collective holds its stage's last backward under pipelining:
+    DDP's bucket all-reduces (DDP and torch's ZeRO-1 both run DDP), which
+    torch.distributed.pipelining reduces inside each chunk's last backward, whose
+    DDP finalize waits for them before the gradient goes upstream
+    (schedule.simulate_pipeline's hold_s)."""
+    return (par.pp > 1 and par.zero_flavour == "torch" and c.strategy in ("ddp", "zero1")
+            and c.collective == "all_reduce" and c.phase == "bwd" and c.overlap == "bwd" and not c.host_blocking)
+
+
+def chunk_holds(held_ops: dict, par, pipe, times: Times, bound: str) -> tuple:
+    """(per chunk: how long its last backward holds its rank, per stage: the
+    held collectives' time hidden under that backward). Each chunk's bucket
+    all-reduces are those ready inside its last backward (dp_calls spreads a
+    stage's buckets over its last micro-batch's backwards); the hold is what of
+    them compute does not cover (place_dp). The stream is empty when a chunk's
+    last backward starts (the chunk before on the rank waited for its own), so
+    each chunk is placed on its own, and a hold upstream shifts a chunk's
+    compute and its buckets alike: the holds of the unheld pipeline are final."""
+    slow = times.interference
+    holds, hidden = [0.0] * (par.pp * (par.interleave if par.pp > 1 else 1)), {}
+    for r, ops in held_ops.items():
+        ivs = sorted(pipe.last_bwd_s[r].items(), key=lambda kv: kv[1])
+        by_chunk = {c: [] for c, _ in ivs}
+        k = 0
+        for call in dp_calls(ops, par, pipe.timelines[r], times, bound):      # in ready order
+            while k < len(ivs) - 1 and call.ready_s > ivs[k][1][1] * (1 + 1e-12):
+                k += 1
+            by_chunk[ivs[k][0]].append(call)
+        for c, (_, b) in ivs:
+            exposed, hid, _ = place_dp(by_chunk[c], b, slow.get("comm", 1.0), slow.get("compute", 1.0))
+            holds[c] = exposed
+            hidden[r] = hidden.get(r, 0.0) + hid
+    return holds, hidden
+
+
 def compose(workload, par, times: Times, bound: str = "mid", pipeline_cache: dict | None = None) -> dict:
     """One composition at a bound: per-stage ends and the critical stage's parts."""
     stages = stage_times(workload.compute_ops, workload.comm_ops, par, times, bound)
@@ -767,24 +804,31 @@ def compose(workload, par, times: Times, bound: str = "mid", pipeline_cache: dic
     slow = times.interference
     m = par.num_microbatches
     dp_by_stage = {}                  # stage -> its DP/ZeRO ops of the forward and backward, in order
+    held_ops = {}                     # stage -> those that hold its last backward (held_by_finalize)
     for c in workload.comm_ops:
         if c.axis == "dp" and c.phase in ("fwd", "bwd"):
             if c.host_blocking and stages[c.stage].dp_in_place:
                 continue                  # FSDP's own collectives: in the micro-batch timed in place
-            dp_by_stage.setdefault(c.stage, []).append(c)
+            (held_ops if held_by_finalize(c, par) else dp_by_stage).setdefault(c.stage, []).append(c)
     # dp_calls needs every micro-batch's intervals only for ops issued every micro-batch
     full = m > 1 and any(c.count >= m and c.count % m == 0 for ops in dp_by_stage.values() for c in ops)
     pipe = simulate(par, fwd, bwd, p2p, full, pipeline_cache)
     free = simulate(par, fwd, bwd, 0.0, False, pipeline_cache) if p2p else pipe
+    holds, held_hidden = chunk_holds(held_ops, par, pipe, times, bound) if held_ops else ((), {})
+    held = simulate(par, fwd, bwd, p2p, full, pipeline_cache, tuple(holds)) if any(holds) else pipe
     parts = []
     for r in range(par.pp):
         st = stages[r]
         # a rank's last op is a backward: the end of its last backward is its end
         end = pipe.last_bwd_end_s[r]
         end_free = free.last_bwd_end_s[r]
-        calls = dp_calls(dp_by_stage.get(r, []), par, pipe.timelines[r], times, bound)
-        exposed, hidden, _ = place_dp(calls, end, slow.get("comm", 1.0), slow.get("compute", 1.0))
-        straggler = straggler_wait(st, m, dp_by_stage.get(r, []), times, r)
+        end_held = held.last_bwd_end_s[r]
+        calls = dp_calls(dp_by_stage.get(r, []), par, held.timelines[r], times, bound)
+        exposed, hidden, _ = place_dp(calls, end_held, slow.get("comm", 1.0), slow.get("compute", 1.0))
+        # plus what the holds of this stage and of those downstream delay its end by
+        exposed += end_held - end
+        hidden += held_hidden.get(r, 0.0)
+        straggler = straggler_wait(st, m, dp_by_stage.get(r, []) + held_ops.get(r, []), times, r)
         exposed += straggler
         compute = (st.fwd_s + st.bwd_s) * m
         tp = (st.tp_fwd_s + st.tp_bwd_s) * m

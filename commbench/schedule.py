@@ -69,6 +69,15 @@ Makespan of uniform stages (f, b per stage and micro-batch, v = 1):
     As in Megatron's non-interleaved schedule, which never overlaps its p2p, the
     p2p of 1F1B is exposed about 2(pp-1)/pp d per micro-batch in steady state.
 
+Held last backward (hold_s): a chunk's last backward, B(c, m-1), may hold its
+rank for hold_s[c] after its compute, before its gradient goes upstream and
+before the rank's next op. That is DDP under torch.distributed.pipelining: the
+schedule runs each chunk's last backward with DDP's reducer armed, and DDP's
+finalize, inside that backward, waits for every bucket all-reduce (on a GPU the
+stream waits, on a CPU the host), so the stage sends its gradient upstream only
+once its data-parallel reduction is done. The hold is not compute: the
+timelines and busy_s leave it out, so it shows up as idle time.
+
 Bubble: bubble_s is the idle time of the critical rank, the busiest one:
 makespan_s - max(busy_s) (first such rank on ties). With uniform stages every
 rank is equally busy and this is the fill + drain time above.
@@ -106,11 +115,11 @@ class PipelineResult:
     timelines: list         # per rank: list of Op in execution order
     critical_rank: int      # the busiest rank (lowest index on ties)
     bubble_s: float         # idle time of the critical rank: makespan_s - busy_s[critical_rank]
-    last_bwd_end_s: list    # per rank: end of its last backward op
+    last_bwd_end_s: list    # per rank: end of its last backward op, its hold included
     last_bwd_s: list = field(default_factory=list)
     # per rank: {chunk: (start_s, end_s)} of the last backward executed for that
-    # chunk (micro-batch m-1): that chunk's gradients are final at end_s, its DP
-    # buckets become ready inside this interval.
+    # chunk (micro-batch m-1), its compute (without a hold): that chunk's
+    # gradients are final at end_s, its DP buckets become ready inside this interval.
     record: str = "all"     # the ops timelines hold: all, or (last) those of micro-batch m-1
 
     @property
@@ -243,7 +252,8 @@ def _checked_rank_ops(pp: int, m: int, schedule: str, v: int) -> tuple:
 
 
 def simulate_pipeline(pp: int, num_microbatches: int, fwd_s: TimeSpec, bwd_s: TimeSpec, p2p_s: P2PSpec = 0.0,
-                      schedule: str = "1f1b", interleave: int = 1, record: str = "all") -> PipelineResult:
+                      schedule: str = "1f1b", interleave: int = 1, record: str = "all",
+                      hold_s: TimeSpec = 0.0) -> PipelineResult:
     """Simulate one step of a pipeline schedule; see the module docstring for the model.
 
     fwd_s / bwd_s: time of one micro-batch's forward / backward through each chunk
@@ -253,7 +263,11 @@ def simulate_pipeline(pp: int, num_microbatches: int, fwd_s: TimeSpec, bwd_s: Ti
     is between chunk k and k+1, used for the activation and for its gradient).
     record: "all" keeps every op in the timelines; "last" only those of the last
     micro-batch (what the DP collectives issued once per step are placed on),
-    which saves building the others; every other field is complete either way."""
+    which saves building the others; every other field is complete either way.
+    hold_s: per chunk (or one scalar), how long its last backward B(c, m-1)
+    holds the rank after its compute (see "Held last backward" above): the
+    gradient it sends, the rank's next op and last_bwd_end_s wait for it; the
+    timelines, last_bwd_s and busy_s hold compute only."""
     pp, m, v = _check_plan(pp, num_microbatches, schedule, interleave)
     if record not in ("all", "last"):
         raise ValueError(f"record {record!r}: choose all or last")
@@ -261,6 +275,7 @@ def simulate_pipeline(pp: int, num_microbatches: int, fwd_s: TimeSpec, bwd_s: Ti
     f = _per_chunk("fwd_s", fwd_s, n)
     b = _per_chunk("bwd_s", bwd_s, n)
     d = _p2p_times(p2p_s, pp, n)
+    hold = _per_chunk("hold_s", hold_s, n)
 
     ops = _checked_rank_ops(pp, m, schedule, v)
 
@@ -299,6 +314,7 @@ def simulate_pipeline(pp: int, num_microbatches: int, fwd_s: TimeSpec, bwd_s: Ti
                         if e > start:
                             start = e
                     stop = start + f[c]
+                    bsy += f[c]
                     end_f[c][j] = stop
                 else:
                     e = end_f[c][j]
@@ -317,12 +333,14 @@ def simulate_pipeline(pp: int, num_microbatches: int, fwd_s: TimeSpec, bwd_s: Ti
                         if e2 > start:
                             start = e2
                     stop = start + b[c]
-                    end_b[c][j] = stop
+                    bsy += b[c]
                     lb[c] = (start, stop)       # the later one wins: the last executed
-                t_free = stop
-                bsy += stop - start
+                    if j == m - 1:
+                        stop += hold[c]         # the rank and the gradient wait; not compute
+                    end_b[c][j] = stop
                 if j >= keep_from:
-                    tl.append(new_op(Op, (start, stop, kind, j, c)))
+                    tl.append(new_op(Op, (start, start + (f[c] if kind == "F" else b[c]), kind, j, c)))
+                t_free = stop
                 i += 1
             if i > i0:
                 remaining -= i - i0
@@ -338,5 +356,5 @@ def simulate_pipeline(pp: int, num_microbatches: int, fwd_s: TimeSpec, bwd_s: Ti
     return PipelineResult(
         pp=pp, num_microbatches=m, interleave=v, schedule=schedule, makespan_s=makespan, busy_s=busy,
         idle_s=[makespan - x for x in busy], timelines=timelines, critical_rank=crit,
-        bubble_s=makespan - busy[crit], last_bwd_end_s=[max(e for _, e in lb.values()) for lb in last_bwd],
+        bubble_s=makespan - busy[crit], last_bwd_end_s=[max(end_b[c][m - 1] for c in lb) for lb in last_bwd],
         last_bwd_s=last_bwd, record=record)

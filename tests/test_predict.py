@@ -325,6 +325,35 @@ def test_reductions_that_overlap_nothing_run_after_the_last_backward():
     assert sb.breakdown["hidden_comm_s"] == pytest.approx(0.0)
 
 
+@pytest.mark.parametrize("strategy,coll,held", [("ddp", "all_reduce", True), ("zero1", "all_reduce", True),
+                                                ("zero2", "reduce_scatter", False)])
+def test_ddp_buckets_hold_the_last_backward_under_pipelining(strategy, coll, held):
+    """pp 2, dp 2, m 2, f 1, b 2, no p2p. Unheld 1F1B: r1 B1 5..7, r0 B1 7..9.
+    Stage 1's buckets (3:1 bytes) are ready at 6.5 and 7: 'first' (0.5) runs
+    6.5..7, hidden; 'last' (3) runs 7..10. Under torch pipelining DDP's finalize
+    holds stage 1's last backward until 10, so stage 0's B1 runs 10..12 and its
+    bucket (1.5) ends at 13.5: the step. Without the hold (a reduce-scatter,
+    ZeRO-2 style) stage 0 ends at 9 + 1.5 = 10.5, stage 1 at 10: the step is 10.5."""
+    par = Parallelism(world=4, gpus_per_node=4, pp=2, global_batch=4)
+    comm = [replace(dp_op("s0", 100, coll), strategy=strategy),
+            replace(dp_op("first", 300, coll, stage=1), strategy=strategy),
+            replace(dp_op("last", 100, coll, stage=1), strategy=strategy)]
+    w = workload(par, layer_ops(2) + [adam(0), adam(1)], comm)
+    sb = predict.predict(w, par, TableTimes({"layer fwd": 1.0, "layer bwd": 2.0, "adam": 0.0},
+                                            {"s0": 1.5, "first": 0.5, "last": 3.0}))
+    s0, s1 = sb.stages
+    assert s1["end_s"] == pytest.approx(10.0) and s1["hidden_comm_s"] == pytest.approx(0.5)
+    if held:
+        assert sb.step_time_s == pytest.approx(13.5) and sb.critical_stage == 0
+        # stage 0: compute 6, fill/drain bubble 9 - 6 = 3, DP 1.5 of its own + 3 of stage 1's hold
+        assert sb.breakdown["dp_exposed_s"] == pytest.approx(4.5)
+    else:
+        assert sb.step_time_s == pytest.approx(10.5)
+        assert sb.breakdown["dp_exposed_s"] == pytest.approx(1.5)
+    assert sb.breakdown["bubble_s"] == pytest.approx(3.0) and sb.breakdown["compute_s"] == pytest.approx(6.0)
+    assert sum(v for k, v in sb.breakdown.items() if k != "hidden_comm_s") == pytest.approx(sb.step_time_s)
+
+
 def test_mean_breakdown_of_rounds():
     """validate --rounds: the mean of two predictions, by hand: every time
     averaged, the parts still summing to the step, throughputs at the mean

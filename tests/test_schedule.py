@@ -132,6 +132,38 @@ def test_non_uniform_pp2_m2_by_hand():
     assert p.makespan_s == 18.0
 
 
+def test_held_last_backward_pp2_by_hand():
+    """The case above with holds 0.25 (stage 0) and 1 (stage 1) on each stage's
+    last backward (DDP's finalize under torch pipelining):
+      r1 B1 computes [11, 15], holds to 16, and only then sends its gradient;
+      r0 B1 [16, 18], holds to 18.25. Earlier backwards are not held."""
+    res = simulate_pipeline(2, 2, [1.0, 3.0], [2.0, 4.0], hold_s=[0.25, 1.0])
+    assert res.timelines[0] == [(0, 1, "F", 0, 0), (1, 2, "F", 1, 0), (8, 10, "B", 0, 0), (16, 18, "B", 1, 0)]
+    assert res.timelines[1] == [(1, 4, "F", 0, 1), (4, 8, "B", 0, 1), (8, 11, "F", 1, 1), (11, 15, "B", 1, 1)]
+    assert res.last_bwd_end_s == [18.25, 16.0]
+    assert res.last_bwd_s == [{0: (16.0, 18.0)}, {1: (11.0, 15.0)}]
+    assert res.makespan_s == 18.25
+    assert res.busy_s == [6.0, 14.0]            # a hold is not compute
+    assert res.bubble_s == 18.25 - 14.0
+    with pytest.raises(ValueError, match=r"hold_s\[1\] must be a finite time >= 0 s"):
+        simulate_pipeline(2, 2, 1.0, 2.0, hold_s=[0.0, -1.0])
+
+
+def test_held_last_backward_interleaved_blocks_the_rank():
+    """Interleaved (pp 2, v 2, m 4): a hold on chunk 2's last backward keeps
+    rank 0 from its next op (chunk 0's last backward) for that long, and a hold
+    on a rank's final op adds to its end one for one."""
+    base = simulate_pipeline(2, 4, 1.0, 2.0, schedule="interleaved", interleave=2)
+    held = simulate_pipeline(2, 4, 1.0, 2.0, schedule="interleaved", interleave=2, hold_s=[0.0, 0.0, 0.5, 0.0])
+    tl = held.timelines[0]
+    i = next(k for k, o in enumerate(tl) if (o.kind, o.microbatch, o.chunk) == ("B", 3, 2))
+    assert tl[i + 1].start_s >= tl[i].end_s + 0.5
+    assert held.last_bwd_end_s[0] == base.last_bwd_end_s[0] + 0.5
+    last = simulate_pipeline(2, 4, 1.0, 2.0, schedule="interleaved", interleave=2, hold_s=[0.75, 0.0, 0.0, 0.0])
+    assert last.last_bwd_end_s[0] == base.last_bwd_end_s[0] + 0.75
+    assert last.busy_s == base.busy_s
+
+
 # --- schedule order ----------------------------------------------------------------
 
 def test_1f1b_order_megatron():
