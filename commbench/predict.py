@@ -26,6 +26,17 @@ Composition, for each pipeline stage (every rank of a stage does the same):
    - ops that overlap nothing (overlap "none": FSDP's reduce-scatters under
      pipelining, deferred to the end of the step) run, call after call, once
      the stage's last backward has ended;
+   - under pipelining, DDP's bucket all-reduces (DDP, torch's ZeRO-1) hold the
+     stage: torch.distributed.pipelining runs each chunk's last backward with
+     DDP's reducer armed, and DDP's finalize, inside that backward, waits for
+     the buckets, so the stage sends its gradient upstream only when its
+     reduction is done. What compute does not cover of a chunk's buckets
+     becomes a hold of its last backward (held_by_finalize, chunk_holds,
+     schedule.simulate_pipeline's hold_s) and the pipeline is simulated again
+     with the holds: a stage's exposed all-reduce delays every stage upstream,
+     in series, and each stage's dp_exposed_s holds what the holds (its own and
+     those downstream) add to its end. (Megatron and DeepSpeed reduce after the
+     pipeline flush instead, where the stages' reductions run side by side.)
    - parameter all-gathers (ZeRO-3 / FSDP, forward and backward; folded over k
      units or listed unit by unit) are prefetched
      one unit ahead (issued when the previous unit starts) and gate their own

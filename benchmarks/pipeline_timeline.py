@@ -1,0 +1,128 @@
+"""Where a real pipeline step's time goes, rank by rank: the plan's torch
+pipelining step (training.pipeline, what `validate` trains, with DDP when
+dp > 1) run --steps times after --warmup, each rank recording when its chunks'
+forwards and backwards, its posts of sends and receives (torch's _batch_p2p) and
+its waits for them (_wait_batch_p2p), the
+tied-embedding all-reduce and the optimizer step start and end
+(time.perf_counter: one clock for every process of the machine, emulated nodes
+included). Prints, per rank, the mean per step of each part, and the events of
+the last step on one time axis: what the predictor's pipeline simulation
+(commbench/schedule.py) is to be checked against.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/pipeline_timeline.py [--model tiny-gpt] [--nprocs 4] [--pp 2]
+    sudo PYTHONPATH=. .venv/bin/python -m commbench emulate --nodes 2 --ranks-per-node 2 --inter-bw 200mbit -- \\
+        .venv/bin/python benchmarks/pipeline_timeline.py --pp 2
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+
+
+def rank_main(a):
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.pipelining.schedules as schedules
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from commbench import launch, models, training
+    from commbench.parallel import Parallelism
+    dist.init_process_group("gloo")
+    launch.setup_cpu_rank(launch.detect(), "cpu")
+    world, rank = dist.get_world_size(), dist.get_rank()
+    dp = world // a.pp
+    par = Parallelism(world=world, gpus_per_node=world, pp=a.pp, global_batch=a.microbatches * dp, dtype="fp32")
+    mesh = init_device_mesh("cpu", (par.pp, par.dp, par.tp), mesh_dim_names=("pp", "dp", "tp"))
+    step, stages, sched, opt = training.pipeline(models.get(a.model), par, mesh, torch.device("cpu"), seed=0)
+    events = []                                   # (kind, start, end) of the step running now
+
+    def timed(fn, kind):
+        def call(*args, **kwargs):
+            t0 = time.perf_counter()
+            out = fn(*args, **kwargs)
+            k = kind(args, kwargs) if callable(kind) else kind
+            events.append((k, t0, time.perf_counter()))
+            return out
+        return call
+
+    for st in stages:
+        st.forward_one_chunk = timed(st.forward_one_chunk, lambda args, kw, s=st.stage_index: f"F{args[0]}@{s}")
+        st.backward_one_chunk = timed(
+            st.backward_one_chunk,
+            lambda args, kw, s=st.stage_index: f"B{args[0]}@{s}" + ("+reduce" if kw.get("last_backward") else ""))
+    sched.step = timed(sched.step, "schedule")
+    opt.step = timed(opt.step, "optimizer")
+    wait, post = schedules._wait_batch_p2p, schedules._batch_p2p
+    schedules._wait_batch_p2p = timed(wait, "wait")
+    schedules._batch_p2p = timed(post, "post")
+    steps = []
+    for i in range(a.warmup + a.steps):
+        dist.barrier()
+        events = []
+        t0 = time.perf_counter()
+        step()
+        t1 = time.perf_counter()
+        if i >= a.warmup:
+            steps.append((t0, t1, events))
+    schedules._wait_batch_p2p, schedules._batch_p2p = wait, post
+    gathered = [None] * world
+    dist.all_gather_object(gathered, steps)
+    if rank == 0:
+        report(gathered, a, par)
+    dist.destroy_process_group()
+
+
+def parts(t0, t1, events) -> dict:
+    """One rank's step split into its parts (ms)."""
+    out = {"step": (t1 - t0) * 1e3}
+    sched = next(e for e in events if e[0] == "schedule")
+    opt = next(e for e in events if e[0] == "optimizer")
+    for name, test in (("fwd", lambda k: k.startswith("F")),
+                       ("bwd", lambda k: k.startswith("B") and not k.endswith("+reduce")),
+                       ("last bwd+reduce", lambda k: k.endswith("+reduce")),
+                       ("p2p post", lambda k: k == "post"),
+                       ("p2p wait", lambda k: k == "wait")):
+        out[name] = sum(e - s for k, s, e in events if test(k)) * 1e3
+    inside = sum(out[k] for k in ("fwd", "bwd", "last bwd+reduce", "p2p post", "p2p wait"))
+    out["schedule other"] = (sched[2] - sched[1]) * 1e3 - inside
+    out["tied all-reduce"] = (opt[1] - sched[2]) * 1e3
+    out["optimizer"] = (opt[2] - opt[1]) * 1e3
+    return out
+
+
+def report(gathered, a, par):
+    print(f"{a.model}, pp {par.pp} x dp {par.dp}, {par.num_microbatches} micro-batches, {a.steps} steps "
+          f"after {a.warmup}: mean ms per step")
+    names = list(parts(*gathered[0][0]))
+    print("rank  " + "".join(f"{n:>17}" for n in names))
+    for r, steps in enumerate(gathered):
+        rows = [parts(*s) for s in steps]
+        print(f"{r:4d}  " + "".join(f"{statistics.mean(x[n] for x in rows):17.2f}" for n in names))
+    print("last step's events (ms from the earliest rank's start; F/B micro-batch@stage):")
+    base = min(steps[-1][0] for steps in gathered)
+    for r, steps in enumerate(gathered):
+        t0, t1, events = steps[-1]
+        evs = sorted((s, e, k) for k, s, e in events if k != "schedule")
+        line = " ".join(f"{k}[{(s - base) * 1e3:.1f},{(e - base) * 1e3:.1f}]" for s, e, k in evs)
+        print(f"  rank {r} ({(t0 - base) * 1e3:.1f}..{(t1 - base) * 1e3:.1f}): {line}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="tiny-gpt")
+    ap.add_argument("--nprocs", type=int, default=4, help="ranks, without `commbench emulate` (torchrun)")
+    ap.add_argument("--pp", type=int, default=2)
+    ap.add_argument("--microbatches", type=int, default=4)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=30)
+    a = ap.parse_args()
+    if "RANK" in os.environ:
+        return rank_main(a)
+    import subprocess
+    return subprocess.call([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(a.nprocs),
+                            __file__, *sys.argv[1:]], env=dict(os.environ, OMP_NUM_THREADS="1"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
