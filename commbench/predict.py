@@ -35,8 +35,9 @@ Composition, for each pipeline stage (every rank of a stage does the same):
      schedule.simulate_pipeline's hold_s) and the pipeline is simulated again
      with the holds: a stage's exposed all-reduce delays every stage upstream,
      in series, and each stage's dp_exposed_s holds what the holds (its own and
-     those downstream) add to its end. (Megatron and DeepSpeed reduce after the
-     pipeline flush instead, where the stages' reductions run side by side.)
+     those downstream) add to its end. (Megatron and DeepSpeed wait for their
+     DP reductions only after the pipeline flush, where the stages' run side
+     by side; the predictor models torch's, which validate trains.)
    - parameter all-gathers (ZeRO-3 / FSDP, forward and backward; folded over k
      units or listed unit by unit) are prefetched
      one unit ahead (issued when the previous unit starts) and gate their own
