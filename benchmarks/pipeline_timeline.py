@@ -14,7 +14,6 @@ the last step on one time axis: what the predictor's pipeline simulation
         .venv/bin/python benchmarks/pipeline_timeline.py --pp 2
 """
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -117,11 +116,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--steps", type=int, default=30)
     a = ap.parse_args()
-    if "RANK" in os.environ:
-        return rank_main(a)
-    import subprocess
-    return subprocess.call([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(a.nprocs),
-                            __file__, *sys.argv[1:]], env=dict(os.environ, OMP_NUM_THREADS="1"))
+    from torchrun import ranks_or_launch
+    return ranks_or_launch(a.nprocs, __file__, lambda: rank_main(a))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ validate's rounds that train on both sides of their measurements.
     .venv/bin/python benchmarks/step_drift.py [--model tiny-gpt] [--pp 2] [--seconds 45] [--window 3]
 """
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -65,11 +64,8 @@ def main():
     ap.add_argument("--seconds", type=float, default=45.0)
     ap.add_argument("--window", type=float, default=3.0)
     a = ap.parse_args()
-    if "RANK" in os.environ:
-        return rank_main(a.model, a.pp, a.seconds, a.window)
-    import subprocess
-    return subprocess.call([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(a.nprocs),
-                            __file__, *sys.argv[1:]], env=dict(os.environ, OMP_NUM_THREADS="1"))
+    from torchrun import ranks_or_launch
+    return ranks_or_launch(a.nprocs, __file__, lambda: rank_main(a.model, a.pp, a.seconds, a.window))
 
 
 if __name__ == "__main__":
