@@ -354,6 +354,28 @@ def test_ddp_buckets_hold_the_last_backward_under_pipelining(strategy, coll, hel
     assert sum(v for k, v in sb.breakdown.items() if k != "hidden_comm_s") == pytest.approx(sb.step_time_s)
 
 
+def test_ddp_hold_goes_to_the_chunk_whose_last_backward_readies_the_bucket():
+    """Interleaved, pp 2 x v 2, m 2, dp 2: each stage's one DDP bucket is ready
+    at the end of its rank's last backward in time, chunk r's (chunk r + pp
+    finishes before it), and nothing covers it: it holds chunk r by its whole
+    time (1 on stage 0, 2 on stage 1). The step is the schedule's with those
+    holds, chunks of half a stage (f 0.5, b 1)."""
+    from commbench import schedule
+    par = Parallelism(world=4, gpus_per_node=4, pp=2, global_batch=4, schedule="interleaved", interleave=2)
+    comm = [replace(dp_op("s0", 100), strategy="ddp"), replace(dp_op("s1", 100, stage=1), strategy="ddp")]
+    times = TableTimes({"layer fwd": 1.0, "layer bwd": 2.0, "adam": 0.0}, {"s0": 1.0, "s1": 2.0})
+    sb = predict.predict(workload(par, layer_ops(2) + [adam(0), adam(1)], comm), par, times)
+    bare = predict.predict(workload(par, layer_ops(2) + [adam(0), adam(1)], []), par, times)
+    kw = dict(schedule="interleaved", interleave=2)
+    assert bare.step_time_s == pytest.approx(schedule.simulate_pipeline(2, 2, 0.5, 1.0, **kw).makespan_s)
+    want = schedule.simulate_pipeline(2, 2, 0.5, 1.0, hold_s=[1.0, 2.0, 0.0, 0.0], **kw)
+    assert sb.step_time_s == pytest.approx(want.makespan_s)
+    assert [st["end_s"] for st in sb.stages] == pytest.approx(want.last_bwd_end_s)
+    # holds on the other chunk of each rank (r + pp) end the stages elsewhere
+    other = schedule.simulate_pipeline(2, 2, 0.5, 1.0, hold_s=[0.0, 0.0, 1.0, 2.0], **kw)
+    assert other.last_bwd_end_s != pytest.approx(want.last_bwd_end_s)
+
+
 def test_mean_breakdown_of_rounds():
     """validate --rounds: the mean of two predictions, by hand: every time
     averaged, the parts still summing to the step, throughputs at the mean
