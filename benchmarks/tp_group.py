@@ -28,8 +28,8 @@ def rank_main(model_name: str, reps: int):
 
     import two_ranks
 
-    from commbench import training, validate
-    from commbench.compute import runner, tp_stage
+    from commbench import process_groups, training, validate
+    from commbench.compute import runner
     info, model, par, ops, backend, timing = two_ranks.tp_rank(model_name)
     tp_op = [op for op in ops if op.scope == "tp_stage"]
     new_group, _ = dist.new_subgroups(group_size=2)
@@ -37,9 +37,10 @@ def rank_main(model_name: str, reps: int):
     res = {STEPS: [], WORLD: [], NEW: []}
 
     def timed(group, tag):
-        tp_stage._GROUPS[2] = group            # the group the op's module is built over
-        rf = runner.run(tp_op, info, "cpu", timing, out, True, ["tp_group"], backend=backend,
-                        settings_for=validate.settings_for(timing))
+        with process_groups.scope():
+            process_groups.cached(("tp", 2), lambda: group)     # the group the op's module is built over
+            rf = runner.run(tp_op, info, "cpu", timing, out, True, ["tp_group"], backend=backend,
+                            settings_for=validate.settings_for(timing))
         if info.rank == 0:
             res[tag].append(max(statistics.mean(s) for s in rf.measurements[0].rank_samples_s))
 

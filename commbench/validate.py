@@ -123,32 +123,43 @@ def run_on_rank(model, par, info, device, steps, warmup, out_dir, argv, overwrit
 
 def run_round(backend, info, workload, model, par, device, steps, warmup, out_dir, argv, overwrite, timeout_s,
               timing, tp_impl) -> Round:
-    from commbench import sweep
+    """Train, measure the kernels, the collectives and their interference,
+    train again; each phase's process groups destroyed at its end
+    (process_groups.scope), so that rounds do not pile up groups."""
+    from commbench import process_groups, sweep
     from commbench.compute import runner
     comm_path, compute_path = os.path.join(out_dir, "comm.jsonl"), os.path.join(out_dir, "compute.jsonl")
     inter_path = os.path.join(out_dir, "interference.jsonl")
     before, after = bracket(steps)
-    first = train_guarded(backend, info, workload, model, par, before, warmup, device, tp_impl, out_dir,
-                          timeout_s) if before else None
-    compute_rf = runner.run(workload.compute_ops, info, device, timing, compute_path, overwrite, argv,
-                            timeout_s=timeout_s, backend=backend, settings_for=settings_for(timing),
-                            extra_settings={"plan": {"model": model.to_dict(), "parallelism": workload.parallelism},
-                                            "step_op_time_budget_s": timing.time_budget_s * STEP_OP_BUDGET_FACTOR,
-                                            "step_op_min_time_s": timing.time_budget_s})
+    first = None
+    if before:
+        with process_groups.scope():
+            first = train_guarded(backend, info, workload, model, par, before, warmup, device, tp_impl, out_dir,
+                                  timeout_s)
+    with process_groups.scope():
+        compute_rf = runner.run(workload.compute_ops, info, device, timing, compute_path, overwrite, argv,
+                                timeout_s=timeout_s, backend=backend, settings_for=settings_for(timing),
+                                extra_settings={"plan": {"model": model.to_dict(),
+                                                         "parallelism": workload.parallelism},
+                                                "step_op_time_budget_s": timing.time_budget_s * STEP_OP_BUDGET_FACTOR,
+                                                "step_op_min_time_s": timing.time_budget_s})
     comm_rf = None
     if workload.comm_ops:
         config = RunConfig(device=device, timing=timing, timeout_s=timeout_s)
-        comm_rf, wrong = sweep.run(config, info, argv, comm_path, overwrite, plan=(model, par), backend=backend)
+        with process_groups.scope():
+            comm_rf, wrong = sweep.run(config, info, argv, comm_path, overwrite, plan=(model, par), backend=backend)
         if wrong:
             raise RuntimeError(f"{wrong} wrong result element(s) in the plan's collectives: see {comm_path}")
     inter_rf = None
     if par.world > 1:
         from commbench import interference
-        inter_rf = interference.run(interference.InterferenceConfig(device=device, timing=timing,
-                                                                    timeout_s=timeout_s),
-                                    info, argv, inter_path, overwrite, backend=backend)
-    measured = train_guarded(backend, info, workload, model, par, after, warmup, device, tp_impl, out_dir,
-                             timeout_s)
+        with process_groups.scope():
+            inter_rf = interference.run(interference.InterferenceConfig(device=device, timing=timing,
+                                                                        timeout_s=timeout_s),
+                                        info, argv, inter_path, overwrite, backend=backend)
+    with process_groups.scope():
+        measured = train_guarded(backend, info, workload, model, par, after, warmup, device, tp_impl, out_dir,
+                                 timeout_s)
     if first is not None:
         measured = replace(measured, step_s=first.step_s + measured.step_s,
                            rank_step_s=first.rank_step_s + measured.rank_step_s, losses=first.losses + measured.losses)

@@ -22,24 +22,24 @@ own measurements do not hold. The predictor adds wrapped - bare to the
 stage's compute (predict.stage_times)."""
 import torch
 
+from commbench import process_groups
 from commbench.compute import modules
 
 # impl -> wrappers it is timed with; "none" is the bare baseline
 MICROBATCH_WRAPPERS = ("none", "ddp", "ddp_no_sync", "fsdp", "fsdp_reshard")
 OPTIMIZER_WRAPPERS = ("none", "zero1", "fsdp")
-_GROUPS = {}        # size -> this rank's group: 1, alone over the job's backend; n > 1, a fake group of n
 
 
 def solo_group():
     """This rank's one-rank process group (created by prepare_groups)."""
-    return _GROUPS[1]
+    return process_groups.lookup(("framework", 1))
 
 
 def fake_group(size: int):
     """This rank's fake process group of size ranks (torch's "fake" backend: its
     collectives move and compute nothing), or None where prepare_groups could
     not make one (the job's world is not a multiple of size)."""
-    return _GROUPS.get(size)
+    return process_groups.lookup(("framework", size))
 
 
 def prepare_groups(ops, world: int):
@@ -48,20 +48,19 @@ def prepare_groups(ops, world: int):
     over: each rank alone, and for the FSDP micro-batches a fake group of the
     plan's dp ranks, so that FSDP2 runs its dp > 1 path (on a one-rank group it
     skips the all-gather's copy-in and copy-out and the flat buffers) without
-    moving anything. Once per process; nothing without framework ops."""
+    moving anything. Once per process_groups.scope; nothing without framework ops."""
     import importlib
 
     import torch.distributed as dist
     ops = [op for op in ops if op.impl in PREPARE]
     if not ops:
         return
-    if 1 not in _GROUPS:
-        _GROUPS[1], _ = dist.new_subgroups(group_size=1)
+    process_groups.cached(("framework", 1), lambda: dist.new_subgroups(group_size=1)[0])
     sizes = sorted({dict(op.params)["dp"] for op in ops if dict(op.params)["wrapper"].startswith("fsdp")})
     for n in sizes:
-        if n > 1 and n not in _GROUPS and world % n == 0:
+        if n > 1 and world % n == 0:
             importlib.import_module("torch.testing._internal.distributed.fake_pg")   # registers "fake"
-            _GROUPS[n], _ = dist.new_subgroups(group_size=n, backend="fake")
+            process_groups.cached(("framework", n), lambda n=n: dist.new_subgroups(group_size=n, backend="fake")[0])
 
 
 def group_note(op) -> str | None:

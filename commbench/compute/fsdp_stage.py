@@ -12,8 +12,6 @@ The groups are the plan's dp groups, which need the job to be the plan's
 world; otherwise the op is skipped with the reason."""
 import torch
 
-_GROUPS = {}        # (world, tp, pp, dp) -> this rank's dp group
-
 
 def group_plans(ops) -> list:
     """The (world, tp, pp, dp) meshes whose dp groups the ops need."""
@@ -23,13 +21,14 @@ def group_plans(ops) -> list:
 def make_groups(ops, world: int):
     """Create, on every rank at once (collective), the dp groups of each plan
     mesh the ops need that this job (of world ranks) is."""
+    from commbench import process_groups
     from commbench.compute import plan_groups
     from commbench.parallel import Parallelism
     for mesh in group_plans(ops):
         w, tp, pp, dp = mesh
-        if w == world and mesh not in _GROUPS:
+        if w == world:
             par = Parallelism(world=w, gpus_per_node=w, tp=tp, pp=pp, dp=dp, global_batch=dp)
-            _GROUPS[mesh] = plan_groups(par.groups["dp"])
+            process_groups.cached(("fsdp_dp", mesh), lambda par=par: plan_groups(par.groups["dp"]))
 
 
 def prepare_microbatch(op, device, dtype):
@@ -37,10 +36,11 @@ def prepare_microbatch(op, device, dtype):
     rank's dp group of the plan."""
     import torch.distributed as dist
 
+    from commbench import process_groups
     from commbench.compute import framework, modules
     p = dict(op.params)
     mesh = tuple(p[k] for k in ("world", "tp", "pp", "dp"))
-    group = _GROUPS.get(mesh)
+    group = process_groups.lookup(("fsdp_dp", mesh))
     if group is None:
         raise RuntimeError(f"needs the plan's {p['world']} ranks to form its dp groups of {p['dp']}, "
                            f"the job has {dist.get_world_size()}")

@@ -20,20 +20,16 @@ import json
 
 import torch
 
-_GROUPS = {}
-
-
 def tp_group(tp: int):
     """This rank's group of tp consecutive ranks, made as training makes its TP
     group (compute.plan_groups). Every rank of the job creates every such group
     together (collective): call it on all ranks before timing."""
     import torch.distributed as dist
 
+    from commbench import process_groups
     from commbench.compute import plan_groups
-    if tp not in _GROUPS:
-        world = dist.get_world_size()
-        _GROUPS[tp] = plan_groups([range(r, r + tp) for r in range(0, world, tp)])
-    return _GROUPS[tp]
+    world = dist.get_world_size()
+    return process_groups.cached(("tp", tp), lambda: plan_groups([range(r, r + tp) for r in range(0, world, tp)]))
 
 
 def group_sizes(ops, world: int) -> list:
