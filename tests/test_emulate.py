@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -81,6 +82,23 @@ def test_two_nodes_send_recv_at_the_configured_rate(tmp_path, clean):
     mbit = m.busbw_gbps * 8e3
     print(f"send_recv 16 MiB between 2 emulated nodes at 400mbit: busbw {mbit:.1f} Mbit/s")
     assert abs(mbit - 400) / 400 < 0.10, mbit
+
+
+@needs_netns
+def test_a_message_after_a_pause_is_serialized_at_the_rate(tmp_path, clean):
+    """16 KiB after 20 ms of idle, at 100mbit and MTU 1500: a wire takes 16384 B
+    / 12.5 MB/s = 1.31 ms (plus headers); a token bucket lets its burst through
+    at once, so the round trip holds at least the message less one packet at
+    the rate. With the earlier burst of 1 ms at the rate (12.5 KB) it took
+    0.51 ms."""
+    p = commbench("emulate", "--nodes", "2", "--inter-bw", "100mbit", "--mtu", "1500", "--",
+                  sys.executable, str(Path(__file__).parent / "isolated_message.py"), "16384",
+                  cwd=tmp_path, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    (rtt,) = [float(line.split()[1]) for line in p.stdout.splitlines() if line.startswith("median_rtt_s")]
+    print(f"16 KiB after a pause at 100mbit, MTU 1500: round trip {rtt * 1e3:.2f} ms")
+    least = (16384 - (1500 + 64)) / 12.5e6
+    assert least <= rtt < 3 * 16384 / 12.5e6, rtt
 
 
 @needs_netns
