@@ -26,7 +26,7 @@ tbf: burst = one full-size packet, or 100 us at the rate where that is more
 wake more than about 10^4 times a second. A token bucket lets its burst
 through at once after an idle spell, where a wire serializes every byte: a
 message arriving after a pause gets its first burst free. With the earlier
-burst of 1 ms at the rate (25 KB at 200 Mbit/s, less than a 16 KiB pipeline
+burst of 1 ms at the rate (25 KB at 200 Mbit/s, more than a 16 KiB pipeline
 p2p with its headers), a pipeline's p2p between compute took nearly nothing
 where its back-to-back measurement took 0.66 ms; now a message after a pause
 gets the burst free: 100 us at 200 Mbit/s and the default MTU 1500, 0.36 ms
