@@ -909,6 +909,19 @@ def mean_breakdown(sbs: list) -> StepBreakdown:
         stages=stages, notes=sorted({note for sb in sbs for note in sb.notes}))
 
 
+def median_breakdown(sbs: list) -> StepBreakdown:
+    """The median of several predictions of one plan (validate --rounds): the
+    prediction of the middle round by predicted step (the mean_breakdown of
+    the middle two for an even count), with every round's notes. A round whose
+    measurements caught the machine in a slow spell moves it no further than
+    a slow phase of the training steps moves their median."""
+    ranked = sorted(sbs, key=lambda sb: sb.step_time_s)
+    half = len(ranked) // 2
+    middle = ranked[half - 1:half + 1] if len(ranked) % 2 == 0 else [ranked[half]]
+    m = mean_breakdown(middle)
+    return replace(m, notes=sorted({note for sb in sbs for note in sb.notes}))
+
+
 # ----------------------------------------------------------------------------- inputs from files
 class MeasuredTimes(Times):
     """Times from results files: collectives from a CommModel of the comm files

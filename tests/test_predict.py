@@ -398,3 +398,23 @@ def test_mean_breakdown_of_rounds():
     assert m.stages == [{"stage": 0, "end_s": 10.5}, {"stage": 1, "end_s": 11.5}] and m.critical_stage == 1
     assert m.notes == ["x", "y"]
     assert mean_breakdown([a]) is a
+
+
+def test_median_breakdown_of_rounds():
+    """validate --rounds: the middle round by predicted step (an odd count),
+    the mean of the middle two (an even count); every round's notes kept."""
+    from commbench.predict import StepBreakdown, mean_breakdown, median_breakdown
+
+    def sb(step, notes=()):
+        return StepBreakdown(step_time_s=step, samples_per_s=8 / step, tokens_per_s=8 * 64 / step,
+                             tflops_per_gpu=1e-3 / step, mfu=None, breakdown={"compute_s": step},
+                             step_time_low_s=step - 1, step_time_high_s=step + 1, critical_stage=0,
+                             stages=[{"stage": 0, "end_s": step}], notes=list(notes))
+    slow, a, b, c = sb(48.0, ["slow spell"]), sb(26.0), sb(24.0), sb(27.0, ["z"])
+    m = median_breakdown([a, b, slow])
+    assert m.step_time_s == 26.0 and m.breakdown == {"compute_s": 26.0} and m.notes == ["slow spell"]
+    assert (m.step_time_low_s, m.step_time_high_s) == (25.0, 27.0) and m.samples_per_s == 8 / 26.0
+    m = median_breakdown([slow, a, b, c])
+    assert m.step_time_s == 26.5 and m.stages == mean_breakdown([a, c]).stages and m.notes == ["slow spell", "z"]
+    assert median_breakdown([a, b]).step_time_s == 25.0
+    assert median_breakdown([a]).step_time_s == 26.0
