@@ -70,9 +70,9 @@ def add_args(p):
                                                    "(default: unshaped, memory speed)")
     p.add_argument("--intra-latency", default="0us", help="with --intra-bw: latency inside a node")
     p.add_argument("--mtu", type=int, default=1500,
-                   help="MTU of the node links (default 1500: TCP/IP headers take about 4.4%% of the rate, and a "
-                        "message after a pause gets one packet's time free; 9000, jumbo frames: about 1%%, and "
-                        "9000 bytes free)")
+                   help="MTU of the node links (default 1500: TCP/IP headers take about 4.4%% of the rate; 9000, "
+                        "jumbo frames: about 1%%). A message after a pause passes the token bucket's burst, one "
+                        "packet or 100 us at the rate, at once")
     p.add_argument("--cleanup", action="store_true",
                    help="remove the namespaces left by emulate runs whose process is gone, and exit")
     p.add_argument("command", nargs="...", help="-- COMMAND...: what each rank runs")

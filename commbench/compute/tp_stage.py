@@ -20,6 +20,7 @@ import json
 
 import torch
 
+
 def tp_group(tp: int):
     """This rank's group of tp consecutive ranks, made as training makes its TP
     group (compute.plan_groups). Every rank of the job creates every such group
