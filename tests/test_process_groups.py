@@ -3,12 +3,11 @@ end, on every rank, and a validation's rounds do not pile them up."""
 import json
 import os
 import subprocess
-import sys
 
 import torch.distributed as dist
 from torch.distributed import distributed_c10d
 
-from conftest import ROOT, clean_env
+from conftest import BIN, ROOT, clean_env
 from traffic import _context, _free_port
 
 
@@ -95,9 +94,8 @@ def test_validation_rounds_do_not_pile_up_groups(tmp_path):
     open files after round 3 are those after round 1, and only the default
     group outlives a round (before the fix: 14 more groups, 42 more threads
     and 67 more fds per round at pp 2 x dp 2 on 4 ranks)."""
-    p = subprocess.run([str(ROOT / ".venv" / "bin" / "torchrun") if (ROOT / ".venv" / "bin" / "torchrun").exists()
-                        else os.path.join(os.path.dirname(sys.executable), "torchrun"),
-                        "--nproc-per-node", "2", str(ROOT / "tests" / "rounds_probe.py"), str(tmp_path)],
+    p = subprocess.run([str(BIN / "torchrun"), "--nproc-per-node", "2", str(ROOT / "tests" / "rounds_probe.py"),
+                        str(tmp_path)],
                        capture_output=True, text=True, timeout=300, cwd=tmp_path,
                        env=clean_env(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1"))
     assert p.returncode == 0, p.stderr
