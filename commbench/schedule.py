@@ -14,28 +14,37 @@ strictly in order; an op starts when its rank is free and its input has arrived:
   F(c, j) needs F(c-1, j) + p2p(c-1)            (activation from the chunk before)
   B(c, j) needs B(c+1, j) + p2p(c) and F(c, j)  (gradient from the chunk after)
 p2p(k) is the transfer over boundary k (chunk k -> k+1 forward, k+1 -> k backward)
-and costs 0 when both chunks sit on one rank (only when pp == 1).
+and costs 0 when both chunks sit on one rank (only when pp == 1). In 1F1B an
+input can arrive later than that, when its receive is posted late, and the
+sender can wait too (1F1B exchanges, below).
 
-Sends are asynchronous, receives wait: a transfer delays its consumer only, never
-the rank that sends, and transfers do not queue behind each other. That is what
+Transfers in GPipe and interleaved 1F1B: sends are asynchronous, receives
+wait. A transfer delays its consumer only, never the rank that sends, and
+transfers do not queue behind each other. That is what
 torch.distributed.pipelining does in GPipe (sends are waited for at the end of
-the forward and of the backward phase, where no compute needs them), in the
-warmup and cooldown of 1F1B (a send is waited for before the next send) and in
-interleaved 1F1B (its
-runtime posts sends and waits for a receive just before the compute that needs
-it). In the steady state of 1F1B, torch (Schedule1F1B) and Megatron both fuse
-the send with the next receive from the same peer in one batched isend/irecv and
-wait on both; those pairs are exchanges (rank i's activation of F(k + w_i) for
-rank i+1's gradient of B(k)), so in a real run both transfers end at the later
-of the two posts + p2p, and the rank that posts last pays the transfer time even
-though its own input had arrived. We leave that out: a variant that charges it
-on every cross-rank input was 1.3 - 2.7 % slower on uniform 1F1B (pp 2 - 8,
-m = 2 pp - 4 pp, p2p = f/4), while for GPipe and interleaved it would charge
-transfers the real runs do not wait for. Megatron's warmup sends are blocking
-and are not modelled either. Transfers use no compute time and do not slow
-compute, and Megatron's optional overlap of p2p with compute in the interleaved
-schedule is not modelled: a receive sits on the critical path of the op that
-needs it.
+the forward and of the backward phase, where no compute needs them) and in
+interleaved 1F1B (its runtime posts sends and waits for a receive just before
+the compute that needs it). Megatron's optional overlap of p2p with compute in
+the interleaved schedule is not modelled: a receive sits on the critical path of
+the op that needs it.
+
+1F1B exchanges (v = 1): each rank runs torch's Schedule1F1B action by action
+(_torch_1f1b_program), and a transfer ends p2p after the later of its two
+posts, the send's and the receive's: gloo moves nothing before the receiver has
+posted (a 16 KiB activation sent 3.5 ms before its receive, on an emulated
+200 Mbit/s link, arrived 1.1 ms after the receive; benchmarks/pipeline_timeline.py),
+and NCCL moves a message larger than its buffers only as the receiver drains
+them. A rank's warmup forwards (pp - r) each receive and wait, compute, wait
+for the previous forward's send and post their own; in the steady state the
+rank posts its pending send together with the next receive from the same
+neighbour (one batched isend/irecv: the activation of its last forward with
+the gradient of the next backward, then the gradient of that backward with the
+activation of the next forward) and waits for both, as Megatron's
+send_forward_recv_backward and send_backward_recv_forward do; the cooldown
+receives, computes, waits for the previous send and posts its own; the rank
+finally waits for its last send. So neighbours meet: in the steady state an
+exchange ends d after the later of the two ranks arrives, and both go on
+from there. Transfers use no compute time and do not slow compute.
 
 Makespan of uniform stages (f, b per stage and micro-batch, v = 1):
   p2p = 0, 1F1B and GPipe: (m + pp - 1)(f + b). The last stage starts its first
@@ -49,25 +58,18 @@ Makespan of uniform stages (f, b per stage and micro-batch, v = 1):
   p2p = d > 0, GPipe: (m + pp - 1)(f + b) + 2(pp-1)d: every stage of the fill and
     of the drain adds one transfer (pp-1 hops forward, pp-1 back); in between,
     transfers of consecutive micro-batches are pipelined (one every f or b).
-  p2p = d > 0, 1F1B: (m + pp - 1)(f + b) + 2(pp - 1)(q + 1)d + 2 max(r - 1, 0)d
-    with m - 1 = q pp + r, 0 <= r < pp; equivalently
-    (m + pp - 1)(f + b) + 2(pp - 1)d + 2 floor((m - 1)(pp - 1)/pp) d.
-    Not just the fill and drain: 1F1B keeps no slack, so transfers recur on the
-    critical path. Rank i runs ... B(k), F(k + pp - i) ... (warmup w_i = pp-i-1),
-    and rank i + K runs F(x + pp - i - K - 1), B(x). So the loop "B(k) on rank i
-    -> F(k + pp - i) on rank i -> K hops down to F(k + pp - i) on rank i + K ->
-    B(k + K + 1) there -> K hops up -> B(k + K + 1) on rank i" has K + 1 F and
-    K + 1 B, the same compute as rank i's own ops from B(k) to B(k + K + 1), plus
-    2K transfers. The deepest loop (rank 0 <-> rank pp-1, K = pp-1) costs 2(pp-1)d
-    per pp micro-batches; the critical path takes the first round trip of
-    micro-batch 0 (2(pp-1)d, as in GPipe), q more full loops, one loop of depth
-    r - 1 for the r micro-batches left over, and ends in rank 0's cooldown. Every
-    loop is compute-tight, so the f + b count stays m + pp - 1 and the formula
-    holds for all f, b, d >= 0. Examples: pp = 2: 2d, 2d, 4d, 4d, 6d for
-    m = 1..5 (m = 1..3 written out by hand in tests/test_schedule.py);
-    pp = 4, m = 8: 16d.
-    As in Megatron's non-interleaved schedule, which never overlaps its p2p, the
-    p2p of 1F1B is exposed about 2(pp-1)/pp d per micro-batch in steady state.
+  p2p = d > 0, 1F1B: (m + pp - 1)(f + b) + h d, with h transfers on the
+    critical path:
+      pp = 2: h = m + 1. The two ranks meet once per micro-batch (rank 0 before
+        B(k), rank 1 after it) and each meeting costs d; add the first
+        activation's transfer.
+      pp >= 3: h = 2(pp - 1) for m = 1 (micro-batch 0's round trip, as in
+        GPipe) and 2m + 2pp - 5 for m >= 2. A middle rank meets its downstream
+        neighbour before each backward and its upstream one before each
+        forward, 2d per micro-batch, which its neighbours wait for in turn.
+    For every f, b, d >= 0 (tests/test_schedule.py checks pp 2 - 7, m 1 - 15,
+    and m <= 3 by hand). As in Megatron's non-interleaved schedule, the p2p of
+    1F1B is not overlapped: about d (pp = 2) or 2d per micro-batch is exposed.
 
 Held last backward (hold_s): a chunk's last backward, B(c, m-1), may hold its
 rank for hold_s[c] after its compute, before its gradient goes upstream and
@@ -251,6 +253,160 @@ def _checked_rank_ops(pp: int, m: int, schedule: str, v: int) -> tuple:
     return ops
 
 
+# The actions of a rank's 1F1B program, (opcode, x, y), in torch Schedule1F1B's
+# order. Transfers are keys: the activation of micro-batch j over boundary k is
+# 2 (k m + j), its gradient 2 (k m + j) + 1 (-1: none).
+_FWD = 0        # forward of micro-batch x
+_BWD = 1        # backward of micro-batch x
+_POST = 2       # post send x, then (if y >= 0) receive y, and wait for both
+_SEND = 3       # post send x, not waited for here
+_WAIT = 4       # wait for send x (posted earlier), then post send y if y >= 0
+
+
+@lru_cache(maxsize=256)
+def _torch_1f1b_programs(pp: int, m: int) -> tuple:
+    """Every rank's _torch_1f1b_program, checked to run rank_ops' compute order
+    (Megatron's): torch's and Megatron's 1F1B are one schedule."""
+    progs = tuple(_torch_1f1b_program(pp, m, r) for r in range(pp))
+    for r, (prog, want) in enumerate(zip(progs, _checked_rank_ops(pp, m, "1f1b", 1))):
+        got = [("F" if op == _FWD else "B", j, r) for op, j, _ in prog if op in (_FWD, _BWD)]
+        if got != list(want):
+            raise AssertionError(f"rank {r}: torch's 1F1B runs {got}, rank_ops says {list(want)}")
+    return progs
+
+
+def _torch_1f1b_program(pp: int, m: int, r: int) -> tuple:
+    """Rank r's actions in torch's Schedule1F1B (see "1F1B exchanges" above)."""
+    up, down = r > 0, r < pp - 1
+
+    def act(k, j):
+        return 2 * (k * m + j)
+
+    def grad(k, j):
+        return 2 * (k * m + j) + 1
+
+    prog = []
+    w = min(m, pp - r)
+    for j in range(w):                  # warmup: receive, forward, wait for the last send, send
+        if up:
+            prog.append((_POST, -1, act(r - 1, j)))
+        prog.append((_FWD, j, 0))
+        if down and 0 < j < w - 1:
+            prog.append((_WAIT, act(r, j - 1), act(r, j)))
+        elif down and j == 0 < w - 1:
+            prog.append((_SEND, act(r, j), 0))
+        elif down and j > 0:            # the last warmup send waits for the exchange below
+            prog.append((_WAIT, act(r, j - 1), -1))
+    fwd, k = w, 0
+    while True:                         # steady: exchange, backward, exchange, forward
+        if down:
+            prog.append((_POST, act(r, fwd - 1), grad(r, k)))
+        prog.append((_BWD, k, 0))
+        k += 1
+        if fwd == m:
+            break
+        if up:
+            prog.append((_POST, grad(r - 1, k - 1), act(r - 1, fwd)))
+        prog.append((_FWD, fwd, 0))
+        fwd += 1
+    if up:
+        prog.append((_SEND, grad(r - 1, k - 1), 0))
+    for k in range(k, m):               # cooldown: receive, backward, wait for the last send, send
+        if down:
+            prog.append((_POST, -1, grad(r, k)))
+        prog.append((_BWD, k, 0))
+        if up:
+            prog.append((_WAIT, grad(r - 1, k - 1), grad(r - 1, k)))
+    if up:
+        prog.append((_WAIT, grad(r - 1, m - 1), -1))
+    return tuple(prog)
+
+
+def _simulate_1f1b(pp, m, f, b, d, hold, record) -> PipelineResult:
+    """simulate_pipeline for 1F1B (v = 1): each rank runs its _torch_1f1b_program;
+    a transfer ends p2p after the later of its two posts (see "1F1B exchanges")."""
+    progs = _torch_1f1b_programs(pp, m)
+    lag = [d[key // (2 * m)] for key in range(2 * (pp - 1) * m)]     # per transfer: its p2p time
+    sent = [-1.0] * len(lag)            # per transfer: when its send / receive was posted (-1: not yet)
+    recv = [-1.0] * len(lag)
+    timelines = [[] for _ in range(pp)]
+    busy = [0.0] * pp
+    last_bwd = [{} for _ in range(pp)]
+    last_end = [0.0] * pp
+    nxt = [0] * pp
+    free = [0.0] * pp
+    keep_from = 0 if record == "all" else m - 1
+    new_op = tuple.__new__
+    sweeps = (range(pp), range(pp - 1, -1, -1))
+    remaining = sum(len(p) for p in progs)
+    rnd = 0
+    while remaining:
+        progressed = False
+        for r in sweeps[rnd % 2]:
+            prog, i, t, fr, br, tl, bsy = progs[r], nxt[r], free[r], f[r], b[r], timelines[r], busy[r]
+            n_prog = len(prog)
+            i0 = i
+            while i < n_prog:
+                op, x, y = prog[i]
+                if op == _POST:             # posting again after a blocked try is the same post
+                    if x >= 0:
+                        sent[x] = t
+                    recv[y] = t
+                    s = sent[y]
+                    if s < 0:
+                        break
+                    end = (s if s > t else t) + lag[y]
+                    if x >= 0:
+                        q = recv[x]
+                        if q < 0:
+                            break
+                        e = (q if q > t else t) + lag[x]
+                        if e > end:
+                            end = e
+                    t = end
+                elif op == _FWD:
+                    if x >= keep_from:
+                        tl.append(new_op(Op, (t, t + fr, "F", x, r)))
+                    t += fr
+                    bsy += fr
+                elif op == _BWD:
+                    if x >= keep_from:
+                        tl.append(new_op(Op, (t, t + br, "B", x, r)))
+                    if x == m - 1:
+                        last_bwd[r][r] = (t, t + br)
+                        t += br + hold[r]
+                        last_end[r] = t
+                    else:
+                        t += br
+                    bsy += br
+                elif op == _SEND:
+                    sent[x] = t
+                else:
+                    q = recv[x]
+                    if q < 0:
+                        break
+                    e = (q if q > sent[x] else sent[x]) + lag[x]
+                    if e > t:
+                        t = e
+                    if y >= 0:
+                        sent[y] = t
+                i += 1
+            if i > i0:
+                remaining -= i - i0
+                progressed = True
+                nxt[r], free[r], busy[r] = i, t, bsy
+        rnd += 1
+        if not progressed:
+            stuck = {r: progs[r][nxt[r]] for r in range(pp) if nxt[r] < len(progs[r])}
+            raise AssertionError(f"schedule 1f1b deadlocks; next actions per rank: {stuck}")
+    makespan = max(free)
+    crit = max(range(pp), key=lambda r: (busy[r], -r))
+    return PipelineResult(
+        pp=pp, num_microbatches=m, interleave=1, schedule="1f1b", makespan_s=makespan, busy_s=busy,
+        idle_s=[makespan - x for x in busy], timelines=timelines, critical_rank=crit,
+        bubble_s=makespan - busy[crit], last_bwd_end_s=last_end, last_bwd_s=last_bwd, record=record)
+
+
 def simulate_pipeline(pp: int, num_microbatches: int, fwd_s: TimeSpec, bwd_s: TimeSpec, p2p_s: P2PSpec = 0.0,
                       schedule: str = "1f1b", interleave: int = 1, record: str = "all",
                       hold_s: TimeSpec = 0.0) -> PipelineResult:
@@ -277,6 +433,8 @@ def simulate_pipeline(pp: int, num_microbatches: int, fwd_s: TimeSpec, bwd_s: Ti
     d = _p2p_times(p2p_s, pp, n)
     hold = _per_chunk("hold_s", hold_s, n)
 
+    if schedule == "1f1b" and pp > 1:
+        return _simulate_1f1b(pp, m, f, b, d, hold, record)
     ops = _checked_rank_ops(pp, m, schedule, v)
 
     # end times of F(c, j) and B(c, j), indexed [c][j]; None until it has run

@@ -58,49 +58,82 @@ def test_gpipe_p2p_adds_fill_and_drain_hops(pp, m):
 
 
 def test_1f1b_p2p_pp2_by_hand():
-    """pp = 2, f = 1, b = 2, d = 0.5. Rank 0 (1 warmup) runs F0 F1 B0 F2 B1 B2,
-    rank 1 runs F0 B0 F1 B1 F2 B2. Each start is max(rank free, input end + d):
-      r0 F0 [0, 1]   F1 [1, 2]
-      r1 F0 [1.5, 2.5] (input 1 + .5)            B0 [2.5, 4.5]
-      r0 B0 [5, 7]    (grad 4.5 + .5)            F2 [7, 8]
-      r1 F1 [4.5, 5.5] (input 2.5, rank busy)    B1 [5.5, 7.5]
-      r0 B1 [8, 10]   (grad 7.5 + .5 = 8, rank free at 8)
-      r1 F2 [8.5, 9.5] (input 8 + .5)            B2 [9.5, 11.5]
-      r0 B2 [12, 14]  (grad 11.5 + .5)
-    makespan 14 = (m + pp - 1)(f + b) + 4d: the round trip B0 -> F2 puts
-    two more transfers on the critical path than GPipe's 2(pp-1)d."""
+    """pp = 2, f = 1, b = 2, d = 0.5, torch Schedule1F1B. Rank 0 (2 warmup
+    forwards) runs F0 F1 B0 F2 B1 B2, rank 1 F0 B0 F1 B1 F2 B2. A transfer ends
+    d after the later of its send's and its receive's posts; in the steady state
+    a rank posts its send with its next receive and waits for both.
+      r1 posts the receive of F0's activation at 0; r0 F0 [0, 1] sends it at 1: it ends 1.5
+      r1 F0 [1.5, 2.5] B0 [2.5, 4.5]
+      r0 F1 [1, 2], then waits for its first send (1.5) and posts act 1 + grad 0 at 2
+      r1 posts grad 0 + act 1 at 4.5: both end 5
+      r0 B0 [5, 7] F2 [7, 8], posts act 2 + grad 1 at 8
+      r1 F1 [5, 6] (its input had arrived at 2.5 without the exchange)  B1 [6, 8]
+      r1 posts grad 1 + act 2 at 8: both end 8.5
+      r0 B1 [8.5, 10.5], then posts the receive of grad 2
+      r1 F2 [8.5, 9.5] B2 [9.5, 11.5], sends grad 2 at 11.5: it ends 12
+      r0 B2 [12, 14]
+    makespan 14 = (m + pp - 1)(f + b) + (m + 1)d: the ranks meet once per
+    micro-batch, and each meeting costs one transfer."""
     res = simulate_pipeline(2, 3, 1.0, 2.0, 0.5)
     assert res.timelines[0] == [(0, 1, "F", 0, 0), (1, 2, "F", 1, 0), (5, 7, "B", 0, 0), (7, 8, "F", 2, 0),
-                                (8, 10, "B", 1, 0), (12, 14, "B", 2, 0)]
-    assert res.timelines[1] == [(1.5, 2.5, "F", 0, 1), (2.5, 4.5, "B", 0, 1), (4.5, 5.5, "F", 1, 1),
-                                (5.5, 7.5, "B", 1, 1), (8.5, 9.5, "F", 2, 1), (9.5, 11.5, "B", 2, 1)]
+                                (8.5, 10.5, "B", 1, 0), (12, 14, "B", 2, 0)]
+    assert res.timelines[1] == [(1.5, 2.5, "F", 0, 1), (2.5, 4.5, "B", 0, 1), (5, 6, "F", 1, 1),
+                                (6, 8, "B", 1, 1), (8.5, 9.5, "F", 2, 1), (9.5, 11.5, "B", 2, 1)]
     assert res.makespan_s == 14.0
-    # m = 1 and m = 2: only the first round trip, 2d
-    # m = 1: r0 F0 [0,1]; r1 F0 [1.5,2.5] B0 [2.5,4.5]; r0 B0 [5,7]
+    assert res.busy_s == [9.0, 9.0] and res.bubble_s == 5.0
+    # m = 1: r0 F0 [0,1] posts act 0 + grad 0 at 1; r1 F0 [1.5,2.5] B0 [2.5,4.5] sends grad 0
+    #        at 4.5: it ends 5; r0 B0 [5,7]
     assert simulate_pipeline(2, 1, 1.0, 2.0, 0.5).makespan_s == 7.0
-    # m = 2: r0 F0 [0,1] F1 [1,2]; r1 F0 [1.5,2.5] B0 [2.5,4.5] F1 [4.5,5.5] B1 [5.5,7.5];
-    #        r0 B0 [5,7] B1 [8,10]
-    assert simulate_pipeline(2, 2, 1.0, 2.0, 0.5).makespan_s == 10.0
+    # m = 2: r0 F0 [0,1] F1 [1,2] posts act 1 + grad 0 at 2; r1 F0 [1.5,2.5] B0 [2.5,4.5]
+    #        posts grad 0 + act 1 at 4.5: both end 5; r1 F1 [5,6] B1 [6,8] sends grad 1 at 8;
+    #        r0 B0 [5,7] posts the receive of grad 1 at 7: it ends 8.5; r0 B1 [8.5,10.5]
+    assert simulate_pipeline(2, 2, 1.0, 2.0, 0.5).makespan_s == 10.5
+
+
+def test_1f1b_middle_rank_by_hand():
+    """pp = 3, m = 2, f = 1, b = 2, d = 0.5: the middle rank meets its two
+    neighbours in turn. Warmup forwards (torch's pp - r, the last one's send
+    fused with the first exchange): r0 2, r1 2, r2 1.
+      r0 F0 [0, 1] sends act 0 at 1 (r1 posted its receive at 0): it ends 1.5
+      r0 F1 [1, 2], waits for that send, posts act 1 + grad 0 at 2
+      r1 F0 [1.5, 2.5] sends act 0 at 2.5 (r2 posted its receive at 0): it ends 3
+      r1 receives act 1 (posted 2.5, sent 2): 3; F1 [3, 4], waits for its send (3),
+         posts act 1 + grad 0 at 4
+      r2 F0 [3, 4] B0 [4, 6], posts grad 0 + act 1 at 6: with r1's posts at 4, both end 6.5
+      r1 B0 [6.5, 8.5] sends grad 0 at 8.5 (r0 posted at 2): it ends 9
+      r2 F1 [6.5, 7.5] B1 [7.5, 9.5] sends grad 1 at 9.5 (r1 posted at 8.5): it ends 10
+      r1 B1 [10, 12] sends grad 1 at 12; r0 B0 [9, 11], posts the receive at 11: it ends 12.5
+      r0 B1 [12.5, 14.5]
+    makespan 14.5 = (m + pp - 1)(f + b) + (2 m + 2 pp - 5)d = 12 + 5 x 0.5."""
+    res = simulate_pipeline(3, 2, 1.0, 2.0, 0.5)
+    assert res.timelines[0] == [(0, 1, "F", 0, 0), (1, 2, "F", 1, 0), (9, 11, "B", 0, 0), (12.5, 14.5, "B", 1, 0)]
+    assert res.timelines[1] == [(1.5, 2.5, "F", 0, 1), (3, 4, "F", 1, 1), (6.5, 8.5, "B", 0, 1),
+                                (10, 12, "B", 1, 1)]
+    assert res.timelines[2] == [(3, 4, "F", 0, 2), (4, 6, "B", 0, 2), (6.5, 7.5, "F", 1, 2),
+                                (7.5, 9.5, "B", 1, 2)]
+    assert res.makespan_s == 14.5
 
 
 def one_f_one_b_p2p(pp, m, f, b, d):
-    # Derived in commbench/schedule.py's docstring: with m - 1 = q pp + r, the critical
-    # path is micro-batch 0's round trip (2(pp-1) transfers), q full loops rank 0 <->
-    # rank pp-1 (2(pp-1) each, pp micro-batches each) and one loop of depth r - 1.
-    q, r = divmod(m - 1, pp)
-    return (m + pp - 1) * (f + b) + (2 * (pp - 1) * (q + 1) + 2 * max(r - 1, 0)) * d
+    # Derived in commbench/schedule.py's docstring: pp = 2 meets once per micro-batch
+    # (plus the first forward's transfer); with pp >= 3 each rank meets each neighbour
+    # once per micro-batch; a single micro-batch makes only its round trip.
+    if pp == 2:
+        hops = m + 1
+    elif m == 1:
+        hops = 2 * (pp - 1)
+    else:
+        hops = 2 * m + 2 * pp - 5
+    return (m + pp - 1) * (f + b) + hops * d
 
 
-@pytest.mark.parametrize("d", [0.25, 3.0])
-def test_1f1b_p2p_closed_form(d):
-    for pp in range(2, 7):
-        for m in range(1, 14):
-            f, b = 1.0, 2.0
+@pytest.mark.parametrize("f,b,d", [(1.0, 2.0, 0.25), (1.0, 2.0, 3.0), (2.0, 1.0, 0.5), (0.5, 3.0, 4.0)])
+def test_1f1b_p2p_closed_form(f, b, d):
+    for pp in range(2, 8):
+        for m in range(1, 16):
             got = simulate_pipeline(pp, m, f, b, d).makespan_s
-            assert got == one_f_one_b_p2p(pp, m, f, b, d), (pp, m)
-            # the equivalent form quoted in the docstring
-            assert got == (m + pp - 1) * (f + b) + (2 * (pp - 1) + 2 * ((m - 1) * (pp - 1) // pp)) * d
-    assert one_f_one_b_p2p(4, 8, 1.0, 2.0, 1.0) - 11 * 3 == 16
+            assert got == pytest.approx(one_f_one_b_p2p(pp, m, f, b, d), abs=1e-12), (pp, m)
+    assert one_f_one_b_p2p(4, 8, 1.0, 2.0, 1.0) - 11 * 3 == 19
 
 
 # --- a non-uniform pipeline by hand ------------------------------------------------
@@ -123,13 +156,14 @@ def test_non_uniform_pp2_m2_by_hand():
     g = simulate_pipeline(2, 2, [1.0, 3.0], [2.0, 4.0], schedule="gpipe")
     assert g.timelines[0][2:] == [(11, 13, "B", 0, 0), (15, 17, "B", 1, 0)]
     assert g.makespan_s == 17.0
-    # with p2p 0.5: r1 F0 [1.5,4.5] B0 [4.5,8.5] F1 [8.5,11.5] B1 [11.5,15.5];
-    #               r0 B0 [9,11] B1 [16,18]
+    # with p2p 0.5: r1 F0 [1.5,4.5] B0 [4.5,8.5], posts grad 0 + act 1 at 8.5 (r0 at 2):
+    #               both end 9; r1 F1 [9,12] B1 [12,16] sends grad 1 at 16 (r0 posted at 11);
+    #               r0 B0 [9,11] B1 [16.5,18.5]
     p = simulate_pipeline(2, 2, [1.0, 3.0], [2.0, 4.0], p2p_s=[0.5])
-    assert p.timelines[1] == [(1.5, 4.5, "F", 0, 1), (4.5, 8.5, "B", 0, 1), (8.5, 11.5, "F", 1, 1),
-                              (11.5, 15.5, "B", 1, 1)]
-    assert p.timelines[0][2:] == [(9, 11, "B", 0, 0), (16, 18, "B", 1, 0)]
-    assert p.makespan_s == 18.0
+    assert p.timelines[1] == [(1.5, 4.5, "F", 0, 1), (4.5, 8.5, "B", 0, 1), (9, 12, "F", 1, 1),
+                              (12, 16, "B", 1, 1)]
+    assert p.timelines[0][2:] == [(9, 11, "B", 0, 0), (16.5, 18.5, "B", 1, 0)]
+    assert p.makespan_s == 18.5
 
 
 def test_held_last_backward_pp2_by_hand():
