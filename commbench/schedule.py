@@ -253,6 +253,16 @@ def _checked_rank_ops(pp: int, m: int, schedule: str, v: int) -> tuple:
     return ops
 
 
+def _result(pp, m, v, schedule, free, busy, timelines, last_end, last_bwd, record) -> PipelineResult:
+    """The PipelineResult of a finished simulation (free: each rank's end)."""
+    makespan = max(free)
+    crit = max(range(pp), key=lambda r: (busy[r], -r))
+    return PipelineResult(
+        pp=pp, num_microbatches=m, interleave=v, schedule=schedule, makespan_s=makespan, busy_s=busy,
+        idle_s=[makespan - x for x in busy], timelines=timelines, critical_rank=crit,
+        bubble_s=makespan - busy[crit], last_bwd_end_s=last_end, last_bwd_s=last_bwd, record=record)
+
+
 # The actions of a rank's 1F1B program, (opcode, x, y), in torch Schedule1F1B's
 # order. Transfers are keys: the activation of micro-batch j over boundary k is
 # 2 (k m + j), its gradient 2 (k m + j) + 1 (-1: none).
@@ -399,12 +409,7 @@ def _simulate_1f1b(pp, m, f, b, d, hold, record) -> PipelineResult:
         if not progressed:
             stuck = {r: progs[r][nxt[r]] for r in range(pp) if nxt[r] < len(progs[r])}
             raise AssertionError(f"schedule 1f1b deadlocks; next actions per rank: {stuck}")
-    makespan = max(free)
-    crit = max(range(pp), key=lambda r: (busy[r], -r))
-    return PipelineResult(
-        pp=pp, num_microbatches=m, interleave=1, schedule="1f1b", makespan_s=makespan, busy_s=busy,
-        idle_s=[makespan - x for x in busy], timelines=timelines, critical_rank=crit,
-        bubble_s=makespan - busy[crit], last_bwd_end_s=last_end, last_bwd_s=last_bwd, record=record)
+    return _result(pp, m, 1, "1f1b", free, busy, timelines, last_end, last_bwd, record)
 
 
 def simulate_pipeline(pp: int, num_microbatches: int, fwd_s: TimeSpec, bwd_s: TimeSpec, p2p_s: P2PSpec = 0.0,
@@ -508,11 +513,5 @@ def simulate_pipeline(pp: int, num_microbatches: int, fwd_s: TimeSpec, bwd_s: Ti
         if not progressed:
             stuck = {r: ops[r][nxt[r]] for r in range(pp) if nxt[r] < len(ops[r])}
             raise AssertionError(f"schedule {schedule} deadlocks; next ops per rank: {stuck}")
-
-    makespan = max(free)
-    crit = max(range(pp), key=lambda r: (busy[r], -r))
-    return PipelineResult(
-        pp=pp, num_microbatches=m, interleave=v, schedule=schedule, makespan_s=makespan, busy_s=busy,
-        idle_s=[makespan - x for x in busy], timelines=timelines, critical_rank=crit,
-        bubble_s=makespan - busy[crit], last_bwd_end_s=[max(end_b[c][m - 1] for c in lb) for lb in last_bwd],
-        last_bwd_s=last_bwd, record=record)
+    return _result(pp, m, v, schedule, free, busy, timelines,
+                   [max(end_b[c][m - 1] for c in lb) for lb in last_bwd], last_bwd, record)
