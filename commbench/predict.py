@@ -9,9 +9,11 @@ Composition, for each pipeline stage (every rank of a stage does the same):
    synchronously between the GEMMs).
 2. The pipeline schedule (GPipe, 1F1B, interleaved 1F1B) is simulated with those
    per-chunk times and the measured p2p time of each stage boundary
-   (schedule.simulate_pipeline; in 1F1B neighbouring stages exchange their
-   activation and gradient and wait for both, as torch's Schedule1F1B and
-   Megatron do); with pp = 1 it is m forwards and backwards in a row.
+   (schedule.simulate_pipeline; in GPipe and 1F1B a transfer ends one p2p
+   time after the later of its send's and its receive's posts, and in 1F1B
+   neighbouring stages exchange their activation and gradient and wait for
+   both, as torch's Schedule1F1B and Megatron do); with pp = 1 it is m
+   forwards and backwards in a row.
 3. DP / ZeRO collectives are placed on that timeline on one communication
    stream (a communicator runs its collectives in issue order):
    - an op issued every micro-batch (count a multiple of m) goes into every

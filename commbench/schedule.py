@@ -14,37 +14,40 @@ strictly in order; an op starts when its rank is free and its input has arrived:
   F(c, j) needs F(c-1, j) + p2p(c-1)            (activation from the chunk before)
   B(c, j) needs B(c+1, j) + p2p(c) and F(c, j)  (gradient from the chunk after)
 p2p(k) is the transfer over boundary k (chunk k -> k+1 forward, k+1 -> k backward)
-and costs 0 when both chunks sit on one rank (only when pp == 1). In 1F1B an
-input can arrive later than that, when its receive is posted late, and the
-sender can wait too (1F1B exchanges, below).
+and costs 0 when both chunks sit on one rank (only when pp == 1). In GPipe and
+1F1B an input can arrive later than that, when its receive is posted late, and
+the sender can wait too (Transfers, below).
 
-Transfers in GPipe and interleaved 1F1B: sends are asynchronous, receives
-wait. A transfer delays its consumer only, never the rank that sends, and
-transfers do not queue behind each other. That is what
-torch.distributed.pipelining does in GPipe (sends are waited for at the end of
-the forward and of the backward phase, where no compute needs them) and in
-interleaved 1F1B (its runtime posts sends and waits for a receive just before
-the compute that needs it). Megatron's optional overlap of p2p with compute in
-the interleaved schedule is not modelled: a receive sits on the critical path of
-the op that needs it.
-
-1F1B exchanges (v = 1): each rank runs torch's Schedule1F1B action by action
-(_torch_1f1b_program), and a transfer ends p2p after the later of its two
-posts, the send's and the receive's: gloo moves nothing before the receiver has
-posted (a 16 KiB activation sent 3.5 ms before its receive, on an emulated
-200 Mbit/s link, arrived 1.1 ms after the receive; benchmarks/pipeline_timeline.py),
-and NCCL moves a message larger than its buffers only as the receiver drains
-them. A rank's warmup forwards (pp - r) each receive and wait, compute, wait
-for the previous forward's send and post their own; in the steady state the
-rank posts its pending send together with the next receive from the same
-neighbour (one batched isend/irecv: the activation of its last forward with
-the gradient of the next backward, then the gradient of that backward with the
-activation of the next forward) and waits for both, as Megatron's
-send_forward_recv_backward and send_backward_recv_forward do; the cooldown
-receives, computes, waits for the previous send and posts its own; the rank
-finally waits for its last send. So neighbours meet: in the steady state an
-exchange ends d after the later of the two ranks arrives, and both go on
-from there. Transfers use no compute time and do not slow compute.
+Transfers. A transfer ends p2p after the later of its two posts, the send's and
+the receive's: gloo moves nothing before the receiver has posted (its tcp
+Pair::send writes only to a remote pending receive; otherwise it notifies the
+peer and waits for the receive's notice), and NCCL moves a message larger than
+its buffers only as the receiver drains them. GPipe and 1F1B (v = 1) are
+therefore simulated post by post, each rank running torch's schedule as its
+program (_torch_programs):
+  GPipe (ScheduleGPipe): each forward posts its receive just before it, waits,
+    computes and posts its send; the forward sends are waited for before the
+    backward phase, which does the same with gradients, and the backward sends
+    at the end. A transfer into a rank still busy with its previous micro-batch
+    starts when that rank is free.
+  1F1B (Schedule1F1B): a rank's warmup forwards (pp - r) each receive and wait,
+    compute, wait for the previous forward's send and post their own; in the
+    steady state the rank posts its pending send together with the next
+    receive from the same neighbour (one batched isend/irecv: the activation of
+    its last forward with the gradient of the next backward, then the gradient
+    of that backward with the activation of the next forward) and waits for
+    both, as Megatron's send_forward_recv_backward and
+    send_backward_recv_forward do; the cooldown receives, computes, waits for
+    the previous send and posts its own; the rank finally waits for its last
+    send. So neighbours meet: an exchange ends d after the later of the two
+    ranks arrives, and both go on from there.
+Interleaved 1F1B keeps the simpler model, sends asynchronous and receives
+waited for: torch's runtime posts a rank's receive where its sender's compute
+sits in the lock-step order, usually well before the compute that needs it, so
+a transfer delays its consumer only, from the send's post. Megatron's optional
+overlap of p2p with compute in the interleaved schedule is not modelled: a
+receive sits on the critical path of the op that needs it. Transfers use no
+compute time and do not slow compute.
 
 Makespan of uniform stages (f, b per stage and micro-batch, v = 1):
   p2p = 0, 1F1B and GPipe: (m + pp - 1)(f + b). The last stage starts its first
@@ -55,9 +58,11 @@ Makespan of uniform stages (f, b per stage and micro-batch, v = 1):
   interleaved with chunk times f/v, b/v: m(f + b) + (pp-1)(f + b)/v: the fill and
     drain are pp-1 chunk-sized slots each way (Narayanan et al. 2021, sec. 2.2),
     bubble fraction (pp-1)/(v m).
-  p2p = d > 0, GPipe: (m + pp - 1)(f + b) + 2(pp-1)d: every stage of the fill and
-    of the drain adds one transfer (pp-1 hops forward, pp-1 back); in between,
-    transfers of consecutive micro-batches are pipelined (one every f or b).
+  p2p = d > 0, GPipe: (m + pp - 1)(f + b) + 2(m + pp - 2)d: every stage of the
+    fill and of the drain adds one transfer (pp-1 hops forward, pp-1 back), and
+    each further micro-batch one more on the last stage's forwards and on the
+    first stage's backwards: a rank posts the receive of F(j) only once F(j-1)
+    is done, and waits d for it.
   p2p = d > 0, 1F1B: (m + pp - 1)(f + b) + h d, with h transfers on the
     critical path:
       pp = 2: h = m + 1. The two ranks meet once per micro-batch (rank 0 before
@@ -67,8 +72,8 @@ Makespan of uniform stages (f, b per stage and micro-batch, v = 1):
         GPipe) and 2m + 2pp - 5 for m >= 2. A middle rank meets its downstream
         neighbour before each backward and its upstream one before each
         forward, 2d per micro-batch, which its neighbours wait for in turn.
-    For every f, b, d >= 0 (tests/test_schedule.py checks pp 2 - 7, m 1 - 15,
-    and m <= 3 by hand). As in Megatron's non-interleaved schedule, the p2p of
+    Both for every f, b, d >= 0 (tests/test_schedule.py checks pp 2 - 7, m 1 - 15,
+    and small cases by hand). As in Megatron's non-interleaved schedule, the p2p of
     1F1B is not overlapped: about d (pp = 2) or 2d per micro-batch is exposed.
 
 Held last backward (hold_s): a chunk's last backward, B(c, m-1), may hold its
@@ -274,27 +279,52 @@ _WAIT = 4       # wait for send x (posted earlier), then post send y if y >= 0
 
 
 @lru_cache(maxsize=256)
-def _torch_1f1b_programs(pp: int, m: int) -> tuple:
-    """Every rank's _torch_1f1b_program, checked to run rank_ops' compute order
-    (Megatron's): torch's and Megatron's 1F1B are one schedule."""
-    progs = tuple(_torch_1f1b_program(pp, m, r) for r in range(pp))
-    for r, (prog, want) in enumerate(zip(progs, _checked_rank_ops(pp, m, "1f1b", 1))):
+def _torch_programs(pp: int, m: int, schedule: str) -> tuple:
+    """Every rank's program in torch's GPipe or 1F1B, checked to run rank_ops'
+    compute order (for 1F1B Megatron's: torch's and Megatron's are one schedule)."""
+    build = _torch_gpipe_program if schedule == "gpipe" else _torch_1f1b_program
+    progs = tuple(build(pp, m, r) for r in range(pp))
+    for r, (prog, want) in enumerate(zip(progs, _checked_rank_ops(pp, m, schedule, 1))):
         got = [("F" if op == _FWD else "B", j, r) for op, j, _ in prog if op in (_FWD, _BWD)]
         if got != list(want):
-            raise AssertionError(f"rank {r}: torch's 1F1B runs {got}, rank_ops says {list(want)}")
+            raise AssertionError(f"rank {r}: torch's {schedule} runs {got}, rank_ops says {list(want)}")
     return progs
 
 
-def _torch_1f1b_program(pp: int, m: int, r: int) -> tuple:
-    """Rank r's actions in torch's Schedule1F1B (see "1F1B exchanges" above)."""
+def _transfer_keys(m: int) -> tuple:
+    """(act, grad): the keys of the activation and of the gradient of micro-batch
+    j over boundary k."""
+    return (lambda k, j: 2 * (k * m + j)), (lambda k, j: 2 * (k * m + j) + 1)
+
+
+def _torch_gpipe_program(pp: int, m: int, r: int) -> tuple:
+    """Rank r's actions in torch's ScheduleGPipe: each forward receives (posted
+    and waited for just before it) and sends; the forward sends are waited for
+    before the backward phase, which does the same with gradients."""
     up, down = r > 0, r < pp - 1
+    act, grad = _transfer_keys(m)
+    prog = []
+    for j in range(m):
+        if up:
+            prog.append((_POST, -1, act(r - 1, j)))
+        prog.append((_FWD, j, 0))
+        if down:
+            prog.append((_SEND, act(r, j), 0))
+    prog += [(_WAIT, act(r, j), -1) for j in range(m) if down]
+    for j in range(m):
+        if down:
+            prog.append((_POST, -1, grad(r, j)))
+        prog.append((_BWD, j, 0))
+        if up:
+            prog.append((_SEND, grad(r - 1, j), 0))
+    prog += [(_WAIT, grad(r - 1, j), -1) for j in range(m) if up]
+    return tuple(prog)
 
-    def act(k, j):
-        return 2 * (k * m + j)
 
-    def grad(k, j):
-        return 2 * (k * m + j) + 1
-
+def _torch_1f1b_program(pp: int, m: int, r: int) -> tuple:
+    """Rank r's actions in torch's Schedule1F1B (see "Transfers" above)."""
+    up, down = r > 0, r < pp - 1
+    act, grad = _transfer_keys(m)
     prog = []
     w = min(m, pp - r)
     for j in range(w):                  # warmup: receive, forward, wait for the last send, send
@@ -332,10 +362,10 @@ def _torch_1f1b_program(pp: int, m: int, r: int) -> tuple:
     return tuple(prog)
 
 
-def _simulate_1f1b(pp, m, f, b, d, hold, record) -> PipelineResult:
-    """simulate_pipeline for 1F1B (v = 1): each rank runs its _torch_1f1b_program;
-    a transfer ends p2p after the later of its two posts (see "1F1B exchanges")."""
-    progs = _torch_1f1b_programs(pp, m)
+def _simulate_programs(pp, m, schedule, f, b, d, hold, record) -> PipelineResult:
+    """simulate_pipeline for GPipe and 1F1B: each rank runs its program
+    (_torch_programs); a transfer ends p2p after the later of its two posts."""
+    progs = _torch_programs(pp, m, schedule)
     lag = [d[key // (2 * m)] for key in range(2 * (pp - 1) * m)]     # per transfer: its p2p time
     sent = [-1.0] * len(lag)            # per transfer: when its send / receive was posted (-1: not yet)
     recv = [-1.0] * len(lag)
@@ -408,8 +438,8 @@ def _simulate_1f1b(pp, m, f, b, d, hold, record) -> PipelineResult:
         rnd += 1
         if not progressed:
             stuck = {r: progs[r][nxt[r]] for r in range(pp) if nxt[r] < len(progs[r])}
-            raise AssertionError(f"schedule 1f1b deadlocks; next actions per rank: {stuck}")
-    return _result(pp, m, 1, "1f1b", free, busy, timelines, last_end, last_bwd, record)
+            raise AssertionError(f"schedule {schedule} deadlocks; next actions per rank: {stuck}")
+    return _result(pp, m, 1, schedule, free, busy, timelines, last_end, last_bwd, record)
 
 
 def simulate_pipeline(pp: int, num_microbatches: int, fwd_s: TimeSpec, bwd_s: TimeSpec, p2p_s: P2PSpec = 0.0,
@@ -438,8 +468,8 @@ def simulate_pipeline(pp: int, num_microbatches: int, fwd_s: TimeSpec, bwd_s: Ti
     d = _p2p_times(p2p_s, pp, n)
     hold = _per_chunk("hold_s", hold_s, n)
 
-    if schedule == "1f1b" and pp > 1:
-        return _simulate_1f1b(pp, m, f, b, d, hold, record)
+    if schedule in ("gpipe", "1f1b") and pp > 1:
+        return _simulate_programs(pp, m, schedule, f, b, d, hold, record)
     ops = _checked_rank_ops(pp, m, schedule, v)
 
     # end times of F(c, j) and B(c, j), indexed [c][j]; None until it has run

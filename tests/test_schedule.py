@@ -49,12 +49,33 @@ def test_interleaved_bubble(pp, v, m):
     assert res.busy_s == pytest.approx([m * (f + b)] * pp)
 
 
-@pytest.mark.parametrize("pp,m", [(2, 1), (2, 5), (4, 2), (4, 8), (6, 3)])
-def test_gpipe_p2p_adds_fill_and_drain_hops(pp, m):
-    f, b, d = 1.0, 2.0, 0.25
-    res = simulate_pipeline(pp, m, f, b, d, schedule="gpipe")
-    # pp-1 hops on the way down, pp-1 back; consecutive micro-batches pipeline behind them
-    assert res.makespan_s == (m + pp - 1) * (f + b) + 2 * (pp - 1) * d
+def test_gpipe_p2p_pp2_by_hand():
+    """pp = 2, m = 2, f = 1, b = 2, d = 0.5, torch ScheduleGPipe: a receive is
+    posted just before the compute that needs it, a transfer ends d after the
+    later of its two posts, and the forward sends are waited for before the
+    backward phase.
+      r0 F0 [0, 1] sends act 0 at 1 (r1 posted its receive at 0): it ends 1.5
+      r0 F1 [1, 2] sends act 1 at 2
+      r1 F0 [1.5, 2.5], posts the receive of act 1 at 2.5: it ends 3; F1 [3, 4]
+      r0 waits for its sends (3), posts the receive of grad 0 at 3
+      r1 B0 [4, 6] sends grad 0 at 6: it ends 6.5; B1 [6, 8] sends grad 1 at 8
+      r0 B0 [6.5, 8.5], posts the receive of grad 1 at 8.5: it ends 9; B1 [9, 11]
+    makespan 11 = (m + pp - 1)(f + b) + 2(m + pp - 2)d."""
+    res = simulate_pipeline(2, 2, 1.0, 2.0, 0.5, schedule="gpipe")
+    assert res.timelines[0] == [(0, 1, "F", 0, 0), (1, 2, "F", 1, 0), (6.5, 8.5, "B", 0, 0), (9, 11, "B", 1, 0)]
+    assert res.timelines[1] == [(1.5, 2.5, "F", 0, 1), (3, 4, "F", 1, 1), (4, 6, "B", 0, 1), (6, 8, "B", 1, 1)]
+    assert res.makespan_s == 11.0
+
+
+@pytest.mark.parametrize("f,b,d", [(1.0, 2.0, 0.25), (2.0, 1.0, 3.0), (0.5, 3.0, 1.0)])
+def test_gpipe_p2p_closed_form(f, b, d):
+    """Every transfer into a rank that is still busy waits for it: pp - 1 hops of
+    fill and of drain, and m - 1 transfers in series with the last stage's
+    forwards and with the first stage's backwards."""
+    for pp in range(2, 8):
+        for m in range(1, 16):
+            res = simulate_pipeline(pp, m, f, b, d, schedule="gpipe")
+            assert res.makespan_s == pytest.approx((m + pp - 1) * (f + b) + 2 * (m + pp - 2) * d, abs=1e-12)
 
 
 def test_1f1b_p2p_pp2_by_hand():

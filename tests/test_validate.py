@@ -3,11 +3,12 @@ plan's collectives and kernels measured on the same ranks, and a report whose
 error is computed from the two numbers it shows."""
 import json
 import statistics
+import sys
 
 import pytest
 
 from commbench import results
-from conftest import commbench
+from conftest import ROOT, clean_env, commbench, run_job
 
 
 def test_validate_ddp_two_ranks(tmp_path):
@@ -105,6 +106,14 @@ def test_validate_in_rounds(tmp_path):
     assert sum(v for k, v in parts.items() if k != "hidden_comm_s") == pytest.approx(doc["predicted_step_time_s"])
     for k, v in parts.items():
         assert v == pytest.approx((preds[0].breakdown[k] + preds[1].breakdown[k]) / 2)
+    # benchmarks/replay_validate.py reads the plan back from the run's files and,
+    # with the predictor the run used, makes the run's own prediction again
+    rp = run_job([sys.executable, str(ROOT / "benchmarks" / "replay_validate.py"), str(tmp_path)],
+                 env=clean_env(PYTHONPATH=str(ROOT)), timeout=120)
+    assert rp.returncode == 0, rp.stderr
+    row = rp.stdout.splitlines()[1].split()
+    assert row[0] == "v" and float(row[1]) == pytest.approx(doc["measured_step_time_s"] * 1e3, abs=0.006)
+    assert float(row[2]) == float(row[4]) == pytest.approx(doc["predicted_step_time_s"] * 1e3, abs=0.006)
 
 
 def test_validate_refuses_what_it_cannot_run(tmp_path):
