@@ -268,12 +268,12 @@ def _result(pp, m, v, schedule, free, busy, timelines, last_end, last_bwd, recor
         bubble_s=makespan - busy[crit], last_bwd_end_s=last_end, last_bwd_s=last_bwd, record=record)
 
 
-# The actions of a rank's 1F1B program, (opcode, x, y), in torch Schedule1F1B's
-# order. Transfers are keys: the activation of micro-batch j over boundary k is
-# 2 (k m + j), its gradient 2 (k m + j) + 1 (-1: none).
+# The actions of a rank's GPipe or 1F1B program, (opcode, x, y), in the order
+# of torch's schedule. Transfers are keys: the activation of micro-batch j over
+# boundary k is 2 (k m + j), its gradient 2 (k m + j) + 1 (-1: none).
 _FWD = 0        # forward of micro-batch x
 _BWD = 1        # backward of micro-batch x
-_POST = 2       # post send x, then (if y >= 0) receive y, and wait for both
+_POST = 2       # post send x (if x >= 0) and receive y, and wait for both
 _SEND = 3       # post send x, not waited for here
 _WAIT = 4       # wait for send x (posted earlier), then post send y if y >= 0
 
