@@ -2,10 +2,12 @@
 pipelining step (training.pipeline, what `validate` trains, with DDP when
 dp > 1) run --steps times after --warmup, each rank recording when its chunks'
 forwards and backwards, its posts of sends and receives (torch's _batch_p2p) and
-its waits for them (_wait_batch_p2p), the
-tied-embedding all-reduce and the optimizer step start and end
+its waits for them (_wait_batch_p2p), the schedule's micro-batches
+(_step_microbatches: torch's split of the batch and merge of the outputs are
+outside), the tied-embedding all-reduce and the optimizer step start and end
 (time.perf_counter: one clock for every process of the machine, emulated nodes
-included). Prints, per rank, the mean per step of each part, and the events of
+included); "before schedule" is the step's zero_grad, "after optimizer" the
+losses' mean. Prints, per rank, the mean per step of each part, and the events of
 the last step on one time axis: what the predictor's pipeline simulation
 (commbench/schedule.py) is to be checked against.
 
@@ -51,6 +53,7 @@ def rank_main(a):
             st.backward_one_chunk,
             lambda args, kw, s=st.stage_index: f"B{args[0]}@{s}" + ("+reduce" if kw.get("last_backward") else ""))
     sched.step = timed(sched.step, "schedule")
+    sched._step_microbatches = timed(sched._step_microbatches, "micro-batches")
     opt.step = timed(opt.step, "optimizer")
     wait, post = schedules._wait_batch_p2p, schedules._batch_p2p
     schedules._wait_batch_p2p = timed(wait, "wait")
@@ -84,7 +87,11 @@ def parts(t0, t1, events) -> dict:
                        ("p2p wait", lambda k: k == "wait")):
         out[name] = sum(e - s for k, s, e in events if test(k)) * 1e3
     inside = sum(out[k] for k in ("fwd", "bwd", "last bwd+reduce", "p2p post", "p2p wait"))
-    out["schedule other"] = (sched[2] - sched[1]) * 1e3 - inside
+    inner = next(e for e in events if e[0] == "micro-batches")
+    out["schedule other"] = (inner[2] - inner[1]) * 1e3 - inside
+    out["split+merge"] = ((sched[2] - sched[1]) - (inner[2] - inner[1])) * 1e3
+    out["before schedule"] = (sched[1] - t0) * 1e3
+    out["after optimizer"] = (t1 - opt[2]) * 1e3
     out["tied all-reduce"] = (opt[1] - sched[2]) * 1e3
     out["optimizer"] = (opt[2] - opt[1]) * 1e3
     return out
@@ -102,7 +109,7 @@ def report(gathered, a, par):
     base = min(steps[-1][0] for steps in gathered)
     for r, steps in enumerate(gathered):
         t0, t1, events = steps[-1]
-        evs = sorted((s, e, k) for k, s, e in events if k != "schedule")
+        evs = sorted((s, e, k) for k, s, e in events if k not in ("schedule", "micro-batches"))
         line = " ".join(f"{k}[{(s - base) * 1e3:.1f},{(e - base) * 1e3:.1f}]" for s, e, k in evs)
         print(f"  rank {r} ({(t0 - base) * 1e3:.1f}..{(t1 - base) * 1e3:.1f}): {line}")
 

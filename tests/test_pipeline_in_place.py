@@ -198,3 +198,64 @@ def test_timed_inside_pipelining_with_ddp_on_four_gloo_ranks(tmp_path):
     for s, m in opt.items():
         assert m.status == "ok" and len(m.samples_s) == len(mine[(s, "pipeline_fwd")].samples_s) // 4
         assert [r for r, x in enumerate(m.rank_samples_s) if x] == [2 * s, 2 * s + 1]
+
+
+def test_the_steps_own_work_goes_to_its_chunks_and_optimizer(monkeypatch):
+    """instrument starts the clock at the step's start and stops it at the
+    schedule's return: the work before the first wait for a peer (clearing
+    the gradients, splitting the batch) goes to the first chunk that runs
+    after it, the work after the last wait (merging the outputs) to the
+    chunks of that last segment, in proportion to their own durations; the
+    waits and the tied all-reduce go to none; the optimizer's sample runs to
+    the step's end (the loss's mean after it). A fake clock, advanced by
+    hand (ms), and fake stage, schedule and optimizer objects."""
+    from types import SimpleNamespace
+
+    from commbench.compute import pipeline_stage
+    now = [0.0]
+    monkeypatch.setattr(pipeline_stage.time, "perf_counter", lambda: now[0])
+
+    def work(ms):
+        def call(*args, **kwargs):
+            now[0] += ms
+        return call
+
+    stage = SimpleNamespace(stage_index=0, forward_one_chunk=work(3.0), backward_one_chunk=work(4.0))
+    schedules = SimpleNamespace(_wait_batch_p2p=work(5.0))
+    opt = SimpleNamespace(step=work(1.5))
+
+    def step_microbatches():
+        schedules._wait_batch_p2p()        # the first micro-batch's input
+        stage.forward_one_chunk(0)
+        work(0.5)()                        # posting its send
+        schedules._wait_batch_p2p()        # the gradient back
+        stage.backward_one_chunk(0)
+
+    def sched_step():
+        work(1.0)()                        # split the batch
+        step_microbatches()
+        work(2.0)()                        # merge the outputs
+
+    sched = SimpleNamespace(step=sched_step)
+    barriers = []
+
+    def step():
+        work(0.5)()                        # zero_grad
+        sched.step()
+        work(6.0)()                        # the tied all-reduce
+        opt.step()
+        work(0.25)()                       # the losses' mean
+
+    timed_step, clock, opt_s, undo = pipeline_stage.instrument(
+        step, [stage], sched, opt, schedules, lambda: None, lambda: barriers.append(now[0]), with_reduce=False)
+    timed_step()
+    timed_step()
+    assert len(barriers) == 2
+    # before the first wait: 0.5 + 1.0; the forward and its send's post; after the last wait: 2.0
+    assert clock.samples[(0, "fwd")] == pytest.approx([1.5 + 3.0 + 0.5] * 2)
+    assert clock.samples[(0, "bwd")] == pytest.approx([4.0 + 2.0] * 2)
+    assert opt_s == pytest.approx([1.5 + 0.25] * 2)
+    undo()
+    now[0] = 0.0
+    schedules._wait_batch_p2p()
+    assert now[0] == 5.0 and clock.samples[(0, "fwd")] == pytest.approx([5.0] * 2)

@@ -422,10 +422,11 @@ def pipeline_stage_ops(model: ModelSpec, par: Parallelism) -> list:
     'pp_stage', stage = the pp rank that holds it, counted m times a step):
     its share of the rank's busy time between waits for the peers in the
     plan's own torch.distributed.pipelining schedule (forward_one_chunk /
-    backward_one_chunk and the schedule's work around them), with the other
+    backward_one_chunk and the step's work around them), with the other
     micro-batches' activations alive and the peers computing; and each pp
-    rank's optimizer step as that step runs it (scope 'pp_optimizer', phase
-    'step', once a step: the Adam of optimizer_ops, timed in place). For a
+    rank's optimizer step as that step runs it, to the step's end (scope
+    'pp_optimizer', phase 'step', once a step: the Adam of optimizer_ops,
+    timed in place). For a
     pipeline (pp > 1) without tensor parallelism or recompute, alone or under
     DDP (dp > 1, ZeRO 0): there nothing but the chunk runs inside a chunk (no
     TP collectives); under DDP each chunk's last backward of a step, which

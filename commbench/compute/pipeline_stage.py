@@ -1,24 +1,32 @@
 """A pipeline's stages timed inside the pipeline: the plan's real
 torch.distributed.pipelining schedule (training.pipeline, as `validate` trains
 it) runs whole optimizer steps over the job's ranks, and each rank's busy time
-inside the schedule is split over the chunks it ran (ChunkClock): a chunk's
-forward_one_chunk or backward_one_chunk as the step runs it (the other
-micro-batches' activations alive, the peer stages computing at the same
-time) plus the schedule's own work around it (posting its sends and
-receives, the last stage's loss). Waits for the peers' activations and
-gradients are outside it: they are the bubble and the p2p the predictor
-composes. On this project's 2-core CPU machine small-gpt's stage 0 chunks took
-4.12 / 6.91 ms (fwd / bwd p50, the chunk calls alone) in the pipeline against
-3.69 / 6.30 ms for the same stage timed in a loop (commbench compute, the
-same hour); tiny-gpt's stages spent 0.7-1.5 ms a step of 4 micro-batches
-outside the chunks and the waits.
+from the step's start to the schedule's return is split over the chunks it
+ran (ChunkClock): a chunk's forward_one_chunk or backward_one_chunk as the
+step runs it (the other micro-batches' activations alive, the peer stages
+computing at the same time) plus the step's own work around it (clearing
+the gradients, splitting the batch into micro-batches, posting its sends and
+receives, the last stage's loss, merging the outputs). Waits for the peers'
+activations and gradients are outside it: they are the bubble and the p2p
+the predictor composes. On this project's 2-core CPU machine small-gpt's
+stage 0 chunks took 4.12 / 6.91 ms (fwd / bwd p50, the chunk calls alone)
+in the pipeline against 3.69 / 6.30 ms for the same stage timed in a loop
+(commbench compute, the same hour); tiny-gpt's stages spent 0.7-1.5 ms a
+step of 4 micro-batches outside the chunks and the waits, and the step's
+work before the schedule's micro-batches, around them (torch's split and
+merge) and after the optimizer took 0.39-0.50 / 0.70-0.87 ms a step on its
+ranks 0 / 1 (pp 2, means of 60 steps, two runs of
+benchmarks/pipeline_timeline.py; small-gpt's 0.57 / 1.58 ms, 40 steps).
 
 Each rank's optimizer step is timed in place too, from the step's call to
-the optimizer to its return: after the pipeline's backward and the tied
-embeddings' all-reduce, the peer ranks stepping theirs. On this project's
-2-core CPU machine tiny-gpt's stage halves took 1.15-1.29 ms there (p50, the
-three rounds of one validation) against 0.64-0.67 ms (each rank's p50) for
-the same Adam timed in a loop on both ranks at once (a round of another).
+the optimizer to the step's end (the optimizer and the step's work after it,
+the last stage's mean loss): after the pipeline's backward and the tied
+embeddings' all-reduce, the peer ranks stepping theirs. The tied all-reduce
+is the one part of the step timed elsewhere (a collective of the comm
+sweep). On this project's 2-core CPU machine tiny-gpt's stage halves took
+1.15-1.29 ms from the call to the optimizer to its return (p50, the three
+rounds of one validation) against 0.64-0.67 ms (each rank's p50) for the
+same Adam timed in a loop on both ranks at once (a round of another).
 
 Under DDP (pp+dp, ZeRO 0) a chunk's last backward of a step holds DDP's
 gradient reduction (torch pipelining runs the others under no_sync): it
@@ -68,9 +76,10 @@ def _setup_error(backend, op) -> str | None:
 
 
 class ChunkClock:
-    """A rank's busy time inside the schedule, split over its chunks. The host
-    is busy between two waits for the peers (torch pipelining's
-    _wait_batch_p2p): a chunk's forward or backward and the schedule's own
+    """A rank's busy time in a step, split over its chunks. The host is busy
+    between two waits for the peers (torch pipelining's _wait_batch_p2p), and
+    from the step's start (begin) to the first and from the last to the
+    schedule's return (end): a chunk's forward or backward and the step's own
     work around it (posting its sends and receives, the last stage's loss);
     each such segment is shared among the chunks that ran in it in proportion
     to their own durations (a segment without a chunk goes to the next one).
@@ -144,6 +153,41 @@ def _around(fn, before, after):
     return call
 
 
+def instrument(step, stages, sched, opt, schedules, sync, barrier, with_reduce: bool) -> tuple:
+    """Wrap the plan's pipeline for timing: (one timed step, its ChunkClock,
+    the optimizer's samples, undo). A timed step waits at barrier(), then the
+    clock runs from the step's start to the schedule's return (sched.step),
+    stopped at every wait for the peers (schedules._wait_batch_p2p, restored
+    by undo); the optimizer's sample runs from its call (opt.step) to the
+    step's end. with_reduce: DDP's last backward of a step keeps a key of its
+    own (REDUCE)."""
+    clock, opt_s, opt_start = ChunkClock(sync), [], [0.0]
+
+    def optimizer_started():
+        sync()
+        opt_start[0] = time.perf_counter()
+
+    def timed_step():
+        barrier()
+        clock.begin()
+        step()
+        sync()
+        opt_s.append(time.perf_counter() - opt_start[0])
+
+    opt.step = _around(opt.step, optimizer_started, lambda: None)
+    for st in stages:
+        st.forward_one_chunk = clock.chunk(st.forward_one_chunk, (st.stage_index, "fwd"))
+        st.backward_one_chunk = clock.chunk(st.backward_one_chunk, (st.stage_index, "bwd"),
+                                           (st.stage_index, REDUCE) if with_reduce else None)
+    sched.step = _around(sched.step, lambda: None, clock.end)
+    wait = schedules._wait_batch_p2p
+    schedules._wait_batch_p2p = _around(wait, clock.end, clock.begin)
+
+    def undo():
+        schedules._wait_batch_p2p = wait
+    return timed_step, clock, opt_s, undo
+
+
 def run_steps(backend, items, settings, device) -> dict:
     """Run the plan's pipeline for warmup + n steps on every rank; this rank's
     chunk times {(virtual stage, "fwd"|"bwd"): [seconds per call]} after the
@@ -162,19 +206,11 @@ def run_steps(backend, items, settings, device) -> dict:
     mesh = init_device_mesh(dev.type, (par.pp, par.dp, par.tp), mesh_dim_names=("pp", "dp", "tp"))
     step, stages, sched, opt = training.pipeline(spec, par, mesh, dev, seed=0)
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
-    clock, opt_s = ChunkClock(sync), []
-    opt.step = _timed(opt.step, sync, opt_s.append)
-    for st in stages:
-        st.forward_one_chunk = clock.chunk(st.forward_one_chunk, (st.stage_index, "fwd"))
-        st.backward_one_chunk = clock.chunk(st.backward_one_chunk, (st.stage_index, "bwd"),
-                                           (st.stage_index, REDUCE) if par.dp > 1 else None)
-    sched._step_microbatches = _around(sched._step_microbatches, clock.begin, clock.end)
-    wait = schedules._wait_batch_p2p
-    schedules._wait_batch_p2p = _around(wait, clock.end, clock.begin)
+    timed_step, clock, opt_s, undo = instrument(step, stages, sched, opt, schedules, sync, dist.barrier,
+                                                with_reduce=par.dp > 1)
     try:
         for _ in range(max(1, settings.warmup)):
-            dist.barrier()
-            step()
+            timed_step()
         clock.clear()
         opt_s.clear()
         m = par.num_microbatches
@@ -182,14 +218,13 @@ def run_steps(backend, items, settings, device) -> dict:
         most = max(least, settings.max_iters // m)
         budget, t0, done = settings.time_budget_s * len(items), time.perf_counter(), 0
         while True:
-            dist.barrier()
-            step()
+            timed_step()
             done += 1
             more = done < least or (done < most and time.perf_counter() - t0 < budget)
             if not backend.control_bcast(more):
                 break
     finally:
-        schedules._wait_batch_p2p = wait
+        undo()
     return {**clock.samples, (mesh["pp"].get_local_rank(), OPTIMIZER): opt_s}
 
 
