@@ -269,6 +269,21 @@ MODULE_SCOPES = {"layer_module": "layer", "head_module": "head"}
 STAGE_COVERS = ("layer", "layer_module", "embedding", "head", "head_module")
 
 
+def whole_stage(ops, times: Times, stage: int):
+    """The stage's whole-module ops (forward and backward) where all were
+    measured, else None."""
+    whole = [op for op in ops if op.scope == "stage_module" and op.stage == stage]
+    return whole if whole and all(times.measured(op) for op in whole) else None
+
+
+def whole_recomputes(whole: list) -> bool:
+    """Whether a whole stage was timed with the plan's full recompute in it
+    (compute.ops.stage_module_shape): its recomputed forwards are then no
+    extra cost on top."""
+    from commbench.compute.ops import stage_recomputes
+    return all(stage_recomputes(op) for op in whole)
+
+
 def granularity(ops, times: Times, stage: int | None = None) -> list:
     """The ops that make up a stage's step (or, with stage None, every stage's),
     each piece of work once, at the coarsest granularity measured: the whole
@@ -279,9 +294,10 @@ def granularity(ops, times: Times, stage: int | None = None) -> list:
     ops = [op for op in ops if op.scope not in ("framework", "tp_stage", "dp_in_place", "pp_stage", "pp_optimizer")]
     if stage is not None:
         ops = [op for op in ops if op.stage in (-1, stage)]
-        whole = [op for op in ops if op.scope == "stage_module"]
-        if whole and all(times.measured(op) for op in whole):
-            return [op for op in ops if op.scope not in STAGE_COVERS]
+        whole = whole_stage(ops, times, stage)
+        if whole is not None:
+            covers = STAGE_COVERS + (("recompute_module",) if whole_recomputes(whole) else ())
+            return [op for op in ops if op.scope not in covers]
     ops = [op for op in ops if op.scope != "stage_module"]
     skip = set()
     for module_scope, kernel_scope in MODULE_SCOPES.items():
@@ -419,6 +435,14 @@ def _stage_compute(workload_ops, par, times: Times, bound: str) -> list:
             else:
                 st.bwd_s += t * op.count / m
                 st.layer_bwd_s += t * op.count / m if layered else 0.0
+        whole = whole_stage(workload_ops, times, s)
+        if whole is not None and whole_recomputes(whole):
+            # the recomputed forwards are inside the stage's backward: their
+            # part of it (which a TP micro-batch timed without recompute
+            # leaves out, _apply_tp_in_place) is the layer forwards' time
+            for op in workload_ops:
+                if op.scope == "recompute_module" and op.stage in (-1, s) and times.measured(op):
+                    st.recompute_s += times.compute(op, bound) * op.count / m
     return out
 
 

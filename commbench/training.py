@@ -158,10 +158,16 @@ def _has(module, name: str) -> bool:
         return False
 
 
-def apply_recompute(module):
+def checkpoint_each(blocks):
+    """Full recompute: each block's forward under torch.utils.checkpoint
+    (non-reentrant), so that the backward runs it again."""
     from torch.utils.checkpoint import checkpoint
-    for block in module.layers.values():
+    for block in blocks:
         block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
+
+
+def apply_recompute(module):
+    checkpoint_each(module.layers.values())
 
 
 def _apply_dp(module, par: Parallelism, mesh):
@@ -301,9 +307,7 @@ def megatron_tp_module(spec: ModelSpec, par: Parallelism, tp_group, dev, dtype, 
     raw = megatron_tp.Transformer(spec, dist.get_rank(tp_group), par.tp, tp_group, seed)
     raw.to(device=dev, dtype=dtype)
     if par.recompute == "full":
-        from torch.utils.checkpoint import checkpoint
-        for layer in raw.layers:
-            layer.forward = functools.partial(checkpoint, layer.forward, use_reentrant=False)
+        checkpoint_each(raw.layers)
     return raw
 
 

@@ -75,6 +75,9 @@ def build(op, device, dtype):
     if op.impl.startswith("head"):
         return LocalHead(p).to(device=device, dtype=dtype), (x, target)
     module = LocalStage(p).to(device=device, dtype=dtype)
+    if p.get("recompute") == "full":       # as training checkpoints its layers
+        from commbench.training import checkpoint_each
+        checkpoint_each(module.layers)
     if p["first"]:
         x = torch.randint(0, p["vocab"], (p["micro_batch"], p["seq"]), generator=g).to(device)
     return module, (x, target)

@@ -305,15 +305,36 @@ def module_ops(model: ModelSpec, par: Parallelism, count_layers: int, count_head
                        par.dtype),
             _module_op("head bwd (module)", "head_bwd", head, "bwd", count_head, "head_module", par.pp - 1, hp,
                        par.dtype)]
-    # the whole stage as the step calls it, one micro-batch, without recompute:
-    # what the kernel and layer sums leave out between modules is in it too
+    # the whole stage as the step calls it, one micro-batch: what the kernel and
+    # layer sums leave out between modules is in it too, and under full
+    # recompute its layers checkpointed as training checkpoints them (the
+    # recomputed forwards and the checkpoint's own work in its backward)
     for stage in range(par.pp):
-        sp, work = _stage_shape(model, par, stage), _stage_work(model, par, stage, layer)
+        sp, work = stage_module_shape(model, par, stage), _stage_work(model, par, stage, layer)
         for phase in ("fwd", "bwd"):
             op = _module_op(f"stage {stage} {phase} (module)", f"stage_{phase}", work, phase, count_head,
                             "stage_module", stage, sp, par.dtype)
+            if phase == "bwd" and stage_recomputes(op):
+                again = [o for o in layer if o.phase == "fwd"] * (model.num_layers // par.pp)
+                op = replace(op, flops=op.flops + sum(o.flops for o in again),
+                             nbytes=op.nbytes + sum(o.nbytes for o in again))
             ops.append(op)
     return ops
+
+
+def stage_module_shape(model: ModelSpec, par: Parallelism, stage: int) -> dict:
+    """A whole stage as a module op times it: its shape (_stage_shape) and,
+    under full recompute, recompute 'full' (compute.modules checkpoints each
+    of its layers). Selective recompute is not in it: the recomputed attention
+    core comes on top (scope recompute_module)."""
+    sp = _stage_shape(model, par, stage)
+    return dict(sp, recompute="full") if par.recompute == "full" else sp
+
+
+def stage_recomputes(op) -> bool:
+    """Whether a stage-level op (a stage module, a micro-batch under FSDP in
+    place) runs the plan's full recompute in its own time."""
+    return dict(op.params).get("recompute") == "full"
 
 
 def without_recompute(op):
@@ -384,7 +405,9 @@ def fsdp_stage_ops(model: ModelSpec, par: Parallelism) -> list:
     layer = layer_ops(model, replace(par, recompute="none"), 1)
     wrapper = "fsdp" if par.zero == 2 else "fsdp_reshard"
     work = _stage_work(model, par, 0, layer)
-    sp = dict(_stage_shape(model, par, 0), dtype=par.dtype, grad_dtype=par.grad_dtype, wrapper=wrapper,
+    if par.recompute == "full":         # timed with its layers checkpointed (stage_module_shape)
+        work += [o for o in layer if o.phase == "fwd"] * (model.num_layers // par.pp)
+    sp = dict(stage_module_shape(model, par, 0), dtype=par.dtype, grad_dtype=par.grad_dtype, wrapper=wrapper,
               world=par.world, tp=par.tp, pp=par.pp, dp=par.dp)
     return [ComputeOp(name=f"stage 0 micro-batch with FSDP in place ({wrapper})", kind="other", m=sp["tokens"],
                       n=model.hidden, flops=float(sum(o.flops for o in work)), nbytes=sum(o.nbytes for o in work),
