@@ -116,10 +116,14 @@ def check_plan(model: ModelSpec, par: Parallelism):
     if par.pp > 1 and par.num_microbatches < par.pp:
         raise ValueError(f"{par.num_microbatches} micro-batches on {par.pp} stages are not supported by validate: "
                          "torch pipelining schedules need at least as many micro-batches as stages")
-    if par.pp > 1 and par.dp > 1 and par.zero < 2 and par.num_microbatches == par.pp:
-        raise ValueError(f"{par.num_microbatches} micro-batches on {par.pp} stages with DDP are not supported by "
+    virtual = par.pp * (par.interleave if par.schedule == "interleaved" else 1)
+    if par.pp > 1 and par.dp > 1 and par.zero < 2 and par.num_microbatches <= virtual:
+        stages = f"{virtual} virtual stages (pp {par.pp} x interleave {par.interleave})" if virtual > par.pp else \
+            f"{par.pp} stages"
+        raise ValueError(f"{par.num_microbatches} micro-batches on {stages} with DDP are not supported by "
                          "validate: DDP's bucket rebuild fails an internal assertion under torch pipelining "
-                         "(rebuilt parameter indices twice the parameters, seen with torch 2.13)")
+                         "unless there are more micro-batches than virtual stages (rebuilt parameter indices "
+                         "twice the parameters, seen with torch 2.13)")
 
 
 def _check_args(par: Parallelism, steps: int, warmup: int):

@@ -130,6 +130,11 @@ def test_plans_validate_cannot_run():
         check_plan(SPEC, Parallelism(world=2, pp=2))
     with pytest.raises(ValueError, match="DDP's bucket rebuild"):
         check_plan(SPEC, Parallelism(world=4, pp=2, global_batch=4))
+    # interleaved: up to as many micro-batches as virtual stages (4, 2) fail; more (6) run
+    for gb in (8, 4):
+        with pytest.raises(ValueError, match=r"on 4 virtual stages \(pp 2 x interleave 2\) with DDP"):
+            check_plan(SPEC, Parallelism(world=4, pp=2, schedule="interleaved", interleave=2, global_batch=gb))
+    check_plan(SPEC, Parallelism(world=4, pp=2, schedule="interleaved", interleave=2, global_batch=12))
     with pytest.raises(ValueError, match="initialized default process group"):
         train_steps(SPEC, Parallelism(world=1), 1)
     with pytest.raises(ValueError, match="steps must be a positive integer"):
