@@ -40,6 +40,31 @@ def scope():
         dist.barrier()  # every rank is done with them before any member closes its sockets
         for pg in reversed(made):
             dist.destroy_process_group(pg)
+        forget_meshes()
+
+
+def forget_meshes():
+    """Clear DTensor's caches of sharding decisions. They are keyed by
+    DeviceMesh, whose equality is its ranks and dimension names, not its
+    groups: a later phase's mesh of the same shape would be handed a cached
+    decision holding an earlier phase's mesh, whose destroyed groups its
+    collectives then look up by name ('Could not resolve the process group
+    registered under the name 7', validate of TP x PP on 4 ranks). Private
+    torch functions, each cleared where this torch has it."""
+    import sys
+    if "torch.distributed.tensor" not in sys.modules:
+        return
+    import importlib
+    for module, name in (("torch.distributed.tensor.debug", "_clear_sharding_prop_cache"),
+                         ("torch.distributed.tensor._redistribute", "_gen_transform_infos.cache_clear"),
+                         ("torch.distributed.tensor._collective_utils", "MeshTopoInfo.build_from_mesh.cache_clear")):
+        try:
+            fn = importlib.import_module(module)
+            for part in name.split("."):
+                fn = getattr(fn, part)
+        except (ImportError, AttributeError):
+            continue
+        fn()
 
 
 def cached(key, make):

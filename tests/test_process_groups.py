@@ -1,5 +1,7 @@
 """process_groups.scope: the process groups a phase makes are destroyed at its
-end, on every rank, and a validation's rounds do not pile them up."""
+end, on every rank, a later phase's DeviceMesh of the same shape runs its
+DTensor collectives over its own groups, and a validation's rounds do not pile
+them up."""
 import json
 import os
 import subprocess
@@ -19,12 +21,12 @@ def _names():
     return sorted(open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task"))
 
 
-def _rank(rank, world, port, queue):
+def _rank(rank, world, port, queue, checks="_scope_checks"):
     import traceback
     try:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         dist.init_process_group("gloo", rank=rank, world_size=world)
-        _scope_checks(world)
+        globals()[checks](world)
         dist.barrier()
         dist.destroy_process_group()
         queue.put((rank, None))
@@ -73,10 +75,28 @@ def _scope_checks(world):
     assert len(distributed_c10d._world.pg_map) == len(before) + 1
 
 
-def test_scope_destroys_the_groups_it_made_and_only_those():
-    ctx, world = _context(), 2
+def _mesh_checks(world):
+    """The same DTensor reduction in two phases, each over a DeviceMesh of a new
+    group of the same ranks: equal meshes to DTensor's caches, which the second
+    phase must not be handed with the first phase's destroyed group."""
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from commbench import process_groups
+    for phase in range(2):
+        with process_groups.scope():
+            mesh = DeviceMesh.from_group(dist.new_group(list(range(world))), "cpu")
+            x = distribute_tensor(torch.arange(4.0 * world).reshape(2 * world, 2), mesh, [Shard(0)])
+            total = x.sum().full_tensor()       # Partial -> Replicate: an all-reduce over the mesh's group
+            assert total.item() == sum(range(4 * world)), (phase, total)
+            del mesh, x, total
+
+
+def _run(world, checks):
+    ctx = _context()
     queue, port = ctx.Queue(), _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, world, port, queue)) for r in range(world)]
+    procs = [ctx.Process(target=_rank, args=(r, world, port, queue, checks)) for r in range(world)]
     for p in procs:
         p.start()
     try:
@@ -87,6 +107,14 @@ def test_scope_destroys_the_groups_it_made_and_only_those():
             if p.is_alive():
                 p.kill()
     assert [e for _, e in errors if e] == []
+
+
+def test_a_later_phases_mesh_of_the_same_shape_uses_its_own_groups():
+    _run(2, "_mesh_checks")
+
+
+def test_scope_destroys_the_groups_it_made_and_only_those():
+    _run(2, "_scope_checks")
 
 
 def test_validation_rounds_do_not_pile_up_groups(tmp_path):
