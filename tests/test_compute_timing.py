@@ -1,8 +1,10 @@
 """How compute ops are timed as a training step runs them: a backward after a
 fresh, untimed forward each call, a forward followed by its untimed backward
 (compute.Staged through runner.PerCallTimer),
-its parameter gradients accumulated like a micro-batch's; and one Adam for
-training and its op (training.adam_kwargs, adam_groups)."""
+its parameter gradients accumulated like a micro-batch's; the Adam op after an
+untimed overwrite of the last-level cache, as a step's optimizer follows its
+backward; and one Adam for training and its op (training.adam_kwargs,
+adam_groups)."""
 import time
 
 import torch
@@ -82,6 +84,21 @@ def test_module_forward_is_timed_before_its_backward():
 def _closure_module(fn):
     (module,) = {c.cell_contents for c in fn.__closure__ if isinstance(c.cell_contents, torch.nn.Module)}
     return module
+
+
+def test_adam_op_is_timed_after_evicting_the_cache():
+    from commbench.compute import optimizer
+    call = optimizer.prepare(_stage_op("adam"), "cpu", torch.float32)
+    assert isinstance(call, Staged) and call.after is None
+    (flush,) = [c.cell_contents for c in call.before.__closure__ if isinstance(c.cell_contents, torch.Tensor)]
+    assert flush.numel() * flush.element_size() == 2 * (64 << 20)      # twice the CPU's assumed last-level cache
+    params = [p for g in call.timed.__self__.param_groups for p in g["params"]]
+    assert sum(p.numel() for p in params) == _stage_op("adam").m
+    start = [p.detach().clone() for p in params]
+    call.before()
+    assert flush.eq(1.0).all() and all(torch.equal(p, s) for p, s in zip(params, start))   # untimed: no update
+    call.timed()
+    assert all(not torch.equal(p, s) for p, s in zip(params, start))                       # the timed step updates
 
 
 def test_training_and_the_adam_op_share_one_adam():

@@ -54,6 +54,18 @@ def op_time_s(m: Measurement, field: str = "time_p50_s") -> float:
     return m.stats[field] * scale(m)
 
 
+def cache_flush_bytes(torch, device: str) -> int:
+    """Twice the last-level cache: the GPU's L2, or 64 MiB on a CPU."""
+    if str(device).startswith("cuda"):
+        return 2 * torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+    return 2 * (64 << 20)
+
+
+def flush_buffer(torch, device: str):
+    """A buffer whose overwriting (fill_) evicts the last-level cache."""
+    return torch.empty(max(cache_flush_bytes(torch, device) // 4, 1), dtype=torch.float32, device=device)
+
+
 class PerCallTimer:
     """Times each iteration on its own, between untimed steps of its own: a
     Staged op's `before` and `after`, and with flush, overwriting a buffer twice the size of the
@@ -62,13 +74,7 @@ class PerCallTimer:
 
     def __init__(self, backend, torch, device, flush: bool):
         self.backend, self.torch, self.device = backend, torch, device
-        self.buf = None
-        if flush:
-            if device == "cuda":
-                size = 2 * torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
-            else:
-                size = 2 * (64 << 20)
-            self.buf = torch.empty(max(size // 4, 1), dtype=torch.float32, device=device)
+        self.buf = flush_buffer(torch, device) if flush else None
 
     def __getattr__(self, name):
         return getattr(self.backend, name)
@@ -119,8 +125,10 @@ def needed_bytes(op, device: str) -> int:
     and backward hold at once (module_bytes); for Adam, per element timed, the
     fp32 master, gradient, m and v and a 16-bit copy (18 B)."""
     if op.impl == "adam":
+        import torch
+
         from commbench.compute import optimizer
-        return 18 * optimizer.timed_numel(op, device)
+        return 18 * optimizer.timed_numel(op, device) + cache_flush_bytes(torch, device)
     if op.impl in MODULE_IMPLS:
         return module_bytes(dict(op.params), op.impl, DTYPE_BYTES[op.dtype])
     return 2 * int(op.nbytes)
