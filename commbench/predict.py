@@ -385,9 +385,16 @@ def pp_optimizer_in_place(ops, times: Times, stage: int, bound: str):
     return sum(times.compute(op, bound) * op.count for op in mine), sum(times.spread(op) ** 2 for op in mine)
 
 
-def _apply_pp_in_place(st: StageTimes, fwd: float, bwd: float):
+def _apply_pp_in_place(st: StageTimes, fwd: float, bwd: float, holds_tp: bool = False):
     """The stage's forward and backward as the pipeline runs them, its layers'
-    share (which interleaving splits) scaled alike."""
+    share (which interleaving splits) scaled alike. Under tensor parallelism
+    (holds_tp) the chunks hold its collectives too: what they took beyond the
+    stage's compute is its TP time (the collectives' own timings replaced),
+    the compute at most the chunks' time."""
+    if holds_tp:
+        compute_fwd, compute_bwd = min(st.fwd_s, fwd), min(st.bwd_s, bwd)
+        st.tp_fwd_s, st.tp_bwd_s = fwd - compute_fwd, bwd - compute_bwd
+        fwd, bwd = compute_fwd, compute_bwd
     if st.fwd_s > 0:
         st.layer_fwd_s *= fwd / st.fwd_s
     if st.bwd_s > 0:
@@ -534,16 +541,18 @@ def stage_times(workload_ops, comm_ops, par, times: Times, bound: str) -> list:
     for s, st in enumerate(out):
         pipe = pp_in_place(workload_ops, times, s, bound)
         if pipe is not None:
-            _apply_pp_in_place(st, *pipe)
+            _apply_pp_in_place(st, *pipe, holds_tp=par.tp > 1)
             st.mb_var_s2 = _in_place_var(workload_ops, times, s, "pp_stage")
             times.notes.setdefault(("pp in place", s), f"stage {s}: its micro-batch timed inside the plan's "
-                                   f"pipeline ({pipe[0] * 1e3:.3f} ms fwd, {pipe[1] * 1e3:.3f} ms bwd)")
+                                   f"pipeline ({pipe[0] * 1e3:.3f} ms fwd, {pipe[1] * 1e3:.3f} ms bwd"
+                                   f"{', its TP collectives in them' if par.tp > 1 else ''})")
         opt = pp_optimizer_in_place(workload_ops, times, s, bound)
         if opt is not None:
             st.optimizer_s, st.optimizer_var_s2 = opt
             times.notes.setdefault(("pp optimizer in place", s), f"stage {s}: its optimizer step timed inside the "
                                    f"plan's pipeline ({opt[0] * 1e3:.3f} ms)")
-        found = tp_in_place(workload_ops, times, s, bound)
+        # a TP micro-batch timed in place, where the pipeline's own chunks were not
+        found = tp_in_place(workload_ops, times, s, bound) if pipe is None or par.tp == 1 else None
         if found is not None:
             whole, exact = found
             _apply_tp_in_place(st, whole, exact)

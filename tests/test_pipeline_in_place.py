@@ -9,7 +9,7 @@ import pytest
 from commbench import models, predict
 from commbench.compute import ops as compute_ops
 from commbench.parallel import Parallelism
-from commbench.workload import ComputeOp
+from commbench.workload import CommOp, ComputeOp
 from conftest import compute_measurements
 from test_framework_overhead import MeasuredTable, framework_op
 from test_predict import adam, layer_ops, workload
@@ -38,10 +38,24 @@ def test_ops_for_each_virtual_stage_of_a_pure_pipeline():
     fwd = [o.flops for o in ops if o.phase == "fwd"]
     assert fwd[1] == fwd[2] < fwd[0] and fwd[1] < fwd[3]
     assert set(every) <= set(compute_ops.compute_ops(TINY, par))
-    # no pipeline, tensor parallelism or ZeRO beside it, recompute: none
-    for kw in (dict(world=2), dict(world=4, gpus_per_node=4, pp=2, tp=2), dict(world=4, pp=2, zero=1),
-               dict(world=4, pp=2, zero=3), dict(world=2, pp=2, recompute="full")):
+    # no pipeline, ZeRO beside it, recompute: none
+    for kw in (dict(world=2), dict(world=4, pp=2, zero=1), dict(world=4, pp=2, zero=3),
+               dict(world=2, pp=2, recompute="full"), dict(world=4, gpus_per_node=4, pp=2, tp=2, recompute="full")):
         assert _ops(global_batch=8, **kw) == [], kw
+
+
+def test_ops_for_a_pipeline_with_tensor_parallelism():
+    """TP x PP: the same chunks and optimizer steps, the plan naming its tp and
+    sp (the pipeline that times them applies the plan's TP); a pure pipeline's
+    plan does not name them (its results files keep their keys)."""
+    par = Parallelism(world=4, gpus_per_node=4, pp=2, tp=2, sp=True, global_batch=4)
+    ops = _ops(**vars(par))
+    assert sorted((o.scope, o.stage) for o in ops) == sorted(
+        [("pp_stage", s) for s in (0, 1) for _ in ("fwd", "bwd")] + [("pp_optimizer", 0), ("pp_optimizer", 1)])
+    plan = json.loads(dict(ops[0].params)["plan"])
+    assert (plan["tp"], plan["sp"], plan["world"]) == (2, True, 4)
+    pure = json.loads(dict(_ops(world=2, pp=2, global_batch=4)[0].params)["plan"])
+    assert "tp" not in pure and "sp" not in pure
 
 
 def test_ops_for_a_pipeline_under_ddp():
@@ -114,6 +128,44 @@ def test_chunks_timed_under_ddp_carry_its_micro_batch_work():
     sb = predict.predict(w, par, MeasuredTable(table, {}))
     assert sb.step_time_s == pytest.approx((m + 1) * 4.0 + 0.5)
     assert any("adds 0.000 ms to its micro-batches" in n for n in sb.notes)
+
+
+def test_chunks_timed_with_tensor_parallelism_hold_its_collectives():
+    """pp = 2 x tp = 2, m = 4: layers timed in a loop 1 / 2 per micro-batch on
+    each stage, TP's all-reduces back to back 0.25 a forward and a backward
+    each (two a pass: 0.5 / 0.5 per micro-batch), a micro-batch with its TP in
+    place 10. Inside the pipeline each stage's chunks took 1.5 / 2.5: they hold
+    the compute and the TP collectives, so TP is 0.5 / 0.5 a micro-batch, the
+    collectives' back-to-back timings and the TP micro-batch out. 1F1B on two
+    balanced stages: (m + 1) x 4 + Adam 0.5."""
+    m = 4
+    par = Parallelism(world=4, gpus_per_node=4, pp=2, tp=2, global_batch=m)
+    tp_comm = [CommOp("all_reduce", "tp", 2, 1, 64, 2 * m, ph, label=f"tp {ph}", stage=s)
+               for s in (0, 1) for ph in ("fwd", "bwd")]
+    in_place = [ComputeOp(f"tp mb {s}", "other", count=m, phase="fwd+bwd", impl="tp_microbatch", stage=s,
+                          scope="tp_stage", params=(("tp", 2),)) for s in (0, 1)]
+    pipe = [chunk(f"s{k} {ph}", k, ph, m) for k in (0, 1) for ph in ("fwd", "bwd")]
+    table = {"layer fwd": 1.0, "layer bwd": 2.0, "adam": 0.5, "tp mb 0": 10.0, "tp mb 1": 10.0,
+             **{f"s{k} {ph}": t for k in (0, 1) for ph, t in (("fwd", 1.5), ("bwd", 2.5))}}
+    comm = {"tp fwd": 0.25, "tp bwd": 0.25}
+    w = workload(par, layer_ops(m) + [adam(0), adam(1)] + in_place + pipe, tp_comm)
+    sb = predict.predict(w, par, MeasuredTable(table, comm))
+    assert sb.step_time_s == pytest.approx((m + 1) * 4.0 + 0.5)
+    assert sb.breakdown["tp_exposed_s"] == pytest.approx(m * 1.0)
+    assert sb.breakdown["compute_s"] == pytest.approx(m * 3.0)
+    assert any("(1500.000 ms fwd, 2500.000 ms bwd, its TP collectives in them)" in n for n in sb.notes)
+    assert not any("tensor parallelism timed in place" in n for n in sb.notes)
+    # chunks faster than the loop's compute (noise): compute capped at them, no TP time
+    table.update({"s0 fwd": 0.8, "s1 fwd": 0.8})
+    sb = predict.predict(w, par, MeasuredTable(table, comm))
+    assert sb.step_time_s == pytest.approx((m + 1) * 3.3 + 0.5)
+    assert sb.breakdown["tp_exposed_s"] == pytest.approx(m * 0.5)
+    # the chunks not measured: the TP micro-batch timed in place, (m + 1) x 10
+    for k in ("s0 fwd", "s0 bwd", "s1 fwd", "s1 bwd"):
+        del table[k]
+    sb = predict.predict(w, par, MeasuredTable(table, comm))
+    assert sb.step_time_s == pytest.approx((m + 1) * 10.0 + 0.5)
+    assert any("tensor parallelism timed in place (10000.000 ms)" in n for n in sb.notes)
 
 
 def pipeline_adam(name, stage):
@@ -259,3 +311,21 @@ def test_the_steps_own_work_goes_to_its_chunks_and_optimizer(monkeypatch):
     now[0] = 0.0
     schedules._wait_batch_p2p()
     assert now[0] == 5.0 and clock.samples[(0, "fwd")] == pytest.approx([5.0] * 2)
+
+
+def test_timed_inside_pipelining_with_tensor_parallelism_on_four_gloo_ranks(tmp_path):
+    """tp 2 x pp 2 (DTensor TP in torch pipelining), 4 micro-batches a step:
+    chunk k on ranks 2k and 2k + 1 (the mesh is pp, dp, tp), every call of a
+    chunk sampled on both TP ranks, the slower's time its sample."""
+    ms = compute_measurements(tmp_path, "--model", "tiny-gpt", "--nprocs", "4", "--tp", "2", "--pp", "2",
+                              "--global-batch", "4", iters=3)
+    mine = {(m.case.params["chunk"], m.case.op): m for m in ms if m.case.op in ("pipeline_fwd", "pipeline_bwd")}
+    assert set(mine) == {(k, f"pipeline_{ph}") for k in (0, 1) for ph in ("fwd", "bwd")}
+    for (k, _), m in mine.items():
+        assert m.status == "ok", m.skip_reason
+        assert len(m.samples_s) >= 12 and len(m.samples_s) % 4 == 0
+        holders = [r for r, s in enumerate(m.rank_samples_s) if s]
+        assert holders == [2 * k, 2 * k + 1]
+        assert m.samples_s == pytest.approx([max(a, b) for a, b in zip(*(m.rank_samples_s[r] for r in holders))])
+    for k in (0, 1):
+        assert mine[(k, "pipeline_bwd")].stats["time_p50_s"] > mine[(k, "pipeline_fwd")].stats["time_p50_s"]
