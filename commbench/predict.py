@@ -421,10 +421,13 @@ def _stage_compute(workload_ops, par, times: Times, bound: str) -> list:
     """Each stage's compute from its ops at the coarsest measured granularity."""
     m = par.num_microbatches
     out = [StageTimes() for _ in range(par.pp)]
+    known = {}          # id(op) -> (time, spread): an op of every stage (stage -1) is timed once
     for s, st in enumerate(out):
         for op in granularity(workload_ops, times, s):
-            t = times.compute(op, bound)
-            var = times.spread(op) ** 2 * op.count      # the calls' variations taken as independent
+            if id(op) not in known:
+                known[id(op)] = (times.compute(op, bound), times.spread(op))
+            t, spread = known[id(op)]
+            var = spread ** 2 * op.count      # the calls' variations taken as independent
             if op.phase == "step":
                 st.optimizer_var_s2 += var
             else:

@@ -235,9 +235,13 @@ def optimizer_ops(model: ModelSpec, par: Parallelism) -> list:
     copy written when training in 16 bits."""
     e, eg = DTYPE_BYTES[par.dtype], DTYPE_BYTES[par.grad_dtype]
     copy = e if e < 4 else 0
-    ops = []
+    ops, shares = [], {}
     for stage in range(par.pp):
-        numel, tensors = _adam_share(model, par, stage)
+        # the stages between the first and the last hold alike-sized parameters
+        kind = (stage == 0, stage == par.pp - 1)
+        if kind not in shares:
+            shares[kind] = _adam_share(model, par, stage)
+        numel, tensors = shares[kind]
         ops.append(ComputeOp(name="adam step", kind="optimizer", m=numel, n=tensors,
                              flops=float(ADAM_FLOPS_PER_ELEMENT * numel),
                              nbytes=numel * (ADAM_STATE_RW_BYTES + eg + copy), count=1, phase="step",
@@ -375,12 +379,13 @@ def framework_ops(model: ModelSpec, par: Parallelism) -> list:
                2: [("fsdp", m)], 3: [("fsdp_reshard", m)]}[par.zero]
     optimizer = {1: "zero1", 2: "fsdp", 3: "fsdp"}.get(par.zero)
     layer = layer_ops(model, replace(par, recompute="none"), 1)
+    adams = optimizer_ops(model, replace(par, zero=0))
     ops = []
     for stage in range(par.pp):
         sp = dict(_stage_shape(model, par, stage), dtype=par.dtype, grad_dtype=par.grad_dtype,
                   bucket_mb=par.bucket_mb, dp=par.dp)
         work = _stage_work(model, par, stage, layer)
-        adam = next(o for o in optimizer_ops(model, replace(par, zero=0)) if o.stage == stage)
+        adam = adams[stage]
 
         def op(name, impl, wrapper, count, phase, like):
             return ComputeOp(name=f"stage {stage} {name} ({wrapper})", kind="other", m=sp["tokens"], n=model.hidden,

@@ -112,10 +112,13 @@ def gradient_allreduces(model: ModelSpec, par: Parallelism, strategy: str = "ddp
     out = []
     if par.dp == 1:
         return out                     # DDP over one rank reduces nothing
+    sizes = {}
     for stage in range(par.pp):
-        bs = buckets(model, par, stage)
-        for i, b in enumerate(bs):
-            numel = sum(p.numel for p in b)
+        kind = (stage == 0, stage == par.pp - 1)     # the stages between hold alike-sized parameters
+        if kind not in sizes:
+            sizes[kind] = [sum(p.numel for p in b) for b in buckets(model, par, stage)]
+        bs = sizes[kind]
+        for i, numel in enumerate(bs):
             # all_reduce S = the bucket buffer: sum of its gradients' numel x grad bytes
             out.append(op(par, "all_reduce", "dp", numel * grad_bytes(par), count=1, phase="bwd",
                           strategy=strategy, overlap="bwd", label=f"bucket {i + 1}/{len(bs)}", stage=stage))

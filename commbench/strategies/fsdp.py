@@ -75,6 +75,7 @@ set_modules_to_forward/backward_prefetch (changes order, not ops), gradient
 clipping's norm all-reduce (the optimizer's business, not FSDP's)."""
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from commbench.models import ModelSpec
 from commbench.parallel import Parallelism
@@ -100,6 +101,7 @@ class Unit:
         return sum(math.prod(s) for s in self.shapes)
 
 
+@lru_cache(maxsize=65536)
 def local_shape(model: ModelSpec, tp: int, name: str) -> tuple:
     """Shape of parameter `name` on a rank after tensor parallelism (DTensor TP:
     q/k/v/gate/up and the output layer colwise = dim 0 split, o/down rowwise =

@@ -53,6 +53,8 @@ formula-based):
   allgather_bucket_size (5e8); one param group is assumed. The flat group is
   padded to a multiple of nccl_start_alignment_factor (2) x n elements, so
   S = ceil(Psi_elems / 2n) * 2n x param bytes."""
+import heapq
+
 from commbench.models import ModelSpec
 from commbench.parallel import Parallelism
 from commbench.strategies.common import grad_bytes, op, param_bytes, rank_params, shard_numel
@@ -67,11 +69,11 @@ DS_ALIGNMENT = 2                           # DeepSpeed nccl_start_alignment_fact
 def zero_partition(params: list, n: int) -> list:
     """ZeroRedundancyOptimizer._partition_parameters: params (registration order)
     -> per rank, the list of params it owns, in assignment order."""
-    per_rank, sizes = [[] for _ in range(n)], [0] * n
+    per_rank, least = [[] for _ in range(n)], [(0, r) for r in range(n)]    # a heap of (size, rank)
     for p in sorted(params, key=lambda q: q.numel, reverse=True):
-        r = sizes.index(min(sizes))            # _get_min_index: first minimum
+        size, r = least[0]                     # _get_min_index: the first of the smallest
         per_rank[r].append(p)
-        sizes[r] += p.numel
+        heapq.heapreplace(least, (size + p.numel, r))
     return per_rank
 
 
@@ -92,14 +94,18 @@ def _torch_zero1(model, par, parameters_as_bucket_view):
     ops = gradient_allreduces(model, par, "zero1")
     if par.dp == 1:
         return ops
+    of_kind = {}
     for stage in range(par.pp):
-        runs = []                              # merge consecutive equal broadcasts of one owner
-        for owner, nbytes in zero_broadcasts(model, par, stage, parameters_as_bucket_view):
-            if runs and runs[-1][:2] == [owner, nbytes]:
-                runs[-1][2] += 1
-            else:
-                runs.append([owner, nbytes, 1])
-        for owner, nbytes, k in runs:
+        kind = (stage == 0, stage == par.pp - 1)     # the stages between hold alike-sized parameters
+        if kind not in of_kind:
+            runs = []                              # merge consecutive equal broadcasts of one owner
+            for owner, nbytes in zero_broadcasts(model, par, stage, parameters_as_bucket_view):
+                if runs and runs[-1][:2] == [owner, nbytes]:
+                    runs[-1][2] += 1
+                else:
+                    runs.append([owner, nbytes, 1])
+            of_kind[kind] = runs
+        for owner, nbytes, k in of_kind[kind]:
             ops.append(op(par, "broadcast", "dp", nbytes, count=k, phase="step", strategy="zero1",
                           label=f"params from dp rank {owner}", dtype=par.dtype, stage=stage, root=owner))
     return ops
