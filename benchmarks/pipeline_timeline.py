@@ -12,7 +12,7 @@ the last step on one time axis: what the predictor's pipeline simulation
 (commbench/schedule.py) is to be checked against.
 
     PYTHONPATH=. .venv/bin/python benchmarks/pipeline_timeline.py [--model tiny-gpt] [--nprocs 4] [--pp 2]
-        [--microbatches 4] [--interleave 1]
+        [--microbatches 4] [--schedule 1f1b|gpipe] [--interleave 1]
     sudo PYTHONPATH=. .venv/bin/python -m commbench emulate --nodes 2 --ranks-per-node 2 --inter-bw 200mbit -- \\
         .venv/bin/python benchmarks/pipeline_timeline.py --pp 2
 """
@@ -35,7 +35,7 @@ def rank_main(a):
     world, rank = dist.get_world_size(), dist.get_rank()
     dp = world // a.pp
     par = Parallelism(world=world, gpus_per_node=world, pp=a.pp, global_batch=a.microbatches * dp, dtype="fp32",
-                      schedule="interleaved" if a.interleave > 1 else "1f1b", interleave=a.interleave)
+                      schedule="interleaved" if a.interleave > 1 else a.schedule, interleave=a.interleave)
     mesh = init_device_mesh("cpu", (par.pp, par.dp, par.tp), mesh_dim_names=("pp", "dp", "tp"))
     step, stages, sched, opt = training.pipeline(models.get(a.model), par, mesh, torch.device("cpu"), seed=0)
     events = []                                   # (kind, start, end) of the step running now
@@ -122,6 +122,7 @@ def main():
     ap.add_argument("--nprocs", type=int, default=4, help="ranks, without `commbench emulate` (torchrun)")
     ap.add_argument("--pp", type=int, default=2)
     ap.add_argument("--microbatches", type=int, default=4)
+    ap.add_argument("--schedule", choices=("1f1b", "gpipe"), default="1f1b", help="with --interleave 1")
     ap.add_argument("--interleave", type=int, default=1, help="virtual stages per rank (> 1: interleaved 1F1B)")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--steps", type=int, default=30)
