@@ -101,7 +101,8 @@ def build_parser() -> Parser:
     planflags.add(r, dtype_flag=False, required=False)
     r.add_argument("--isolated", action="store_true",
                    help="with a plan: one group of each axis alone (default: every group of the axis at once)")
-    s = sub.add_parser("show", help="print a saved results file as the live tables")
+    s = sub.add_parser("show", help="print a saved results file as the live tables (or a saved validate.json or "
+                                    "predict --json document as its command prints it)")
     s.add_argument("file")
     fmt = s.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true")
@@ -527,9 +528,16 @@ def cmd_validate(a, argv) -> int:
         print(json.dumps(doc))
         return EXIT_OK
     from rich.console import Console
+    con = Console(width=200)
+    _print_validation(doc, con)
+    con.print(f"results: {path}")
+    return EXIT_OK
+
+
+def _print_validation(doc: dict, con):
+    """A validation's report (validate.json) as `validate` prints it."""
     from commbench import console
     from commbench.predict import StepBreakdown
-    con = Console(width=200)
     con.print(f"{doc['implementation']}")
     con.print(f"measured {doc['measured_step_time_s'] * 1e3:.2f} ms per step (median of {len(doc['measured_steps_s'])}; "
               f"{doc['measured_min_s'] * 1e3:.2f} - {doc['measured_max_s'] * 1e3:.2f} ms)   "
@@ -540,12 +548,55 @@ def cmd_validate(a, argv) -> int:
                       f"{len(r['measured_steps_s'])})   predicted from its own measurements "
                       f"{r['predicted_step_time_s'] * 1e3:.2f} ms   error {r['error_pct']:+.1f} %")
     console.print_breakdown(StepBreakdown(**doc["prediction"]), con)
-    con.print(f"results: {path}")
+
+
+def _saved_document(path: str):
+    """The kind and contents of a saved validation (validate.json) or
+    prediction (`predict --json`): ("validate" | "predict", dict); None where
+    the file is not one such JSON document (a results file is JSON lines)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    if isinstance(doc.get("prediction"), dict) and "measured_step_time_s" in doc:
+        return "validate", doc
+    if isinstance(doc.get("breakdown"), dict) and "step_time_s" in doc:
+        return "predict", doc
+    return None
+
+
+def _show_document(kind: str, doc: dict, a) -> int:
+    if a.csv:
+        raise ValueError(f"{a.file} is a saved {'validation' if kind == 'validate' else 'prediction'}, "
+                         "one JSON document: --csv exports a results file's measurements (use --json)")
+    if a.json:
+        print(json.dumps(doc))
+        return EXIT_OK
+    from rich.console import Console
+
+    from commbench import console
+    from commbench.predict import StepBreakdown
+    con = Console(width=200)
+    try:
+        if kind == "validate":
+            _print_validation(doc, con)
+        else:
+            console.print_breakdown(StepBreakdown(**{k: v for k, v in doc.items() if k != "scaling"}), con)
+            if isinstance(doc.get("scaling"), dict):
+                console.print_scaling(doc["scaling"]["rows"], doc["scaling"]["mode"], con)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{a.file}: not a complete saved {kind} document ({type(e).__name__}: {e})") from None
     return EXIT_OK
 
 
 def cmd_show(a) -> int:
     from commbench import console, results
+    saved = _saved_document(a.file)
+    if saved is not None:
+        return _show_document(*saved, a)
     rf = results.load(a.file)
     if a.json:
         print(json.dumps(rf.to_json()))

@@ -6,7 +6,7 @@ import pytest
 
 from commbench import results, stats
 from commbench.results import Case, Measurement, ResultWriter, make_header
-from conftest import commbench, mpiexec, FAST
+from conftest import FAST, ROOT, commbench, mpiexec
 
 
 def measurement(op="all_reduce", nbytes=1024, samples=(1e-5, 2e-5, 3e-5)):
@@ -78,6 +78,28 @@ def test_dataframe_has_the_design_columns(tmp_path):
         assert col in df.columns
     assert row.iters == 4 and row.time_min_s == 1e-5 and row.time_max_s == 4e-5
     assert row.time_p50_s == pytest.approx(2.5e-5) and row.time_mean_s == pytest.approx(2.5e-5)
+
+
+def test_show_prints_a_saved_prediction(tmp_path):
+    """`predict --json` saved to a file: `show` prints its breakdown and scaling
+    table as predict does, --json gives the document back, --csv (a results
+    file's export) is refused with one line and exit 2."""
+    args = ("predict", "--model", "tiny-gpt", "--world", "8", "--system", ROOT / "commbench/systems/h200.json",
+            "--scale", "8,16")
+    live = commbench(*args, cwd=tmp_path)
+    saved = commbench(*args, "--json", cwd=tmp_path)
+    assert live.returncode == saved.returncode == 0, live.stderr + saved.stderr
+    path = tmp_path / "pred.json"
+    path.write_text(saved.stdout)
+    p = commbench("show", path)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == live.stdout
+    p = commbench("show", path, "--json")
+    assert p.returncode == 0 and json.loads(p.stdout) == json.loads(saved.stdout)
+    p = commbench("show", path, "--csv")
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert p.stderr.strip().splitlines() == [f"commbench: error: {path} is a saved prediction, one JSON document: "
+                                             "--csv exports a results file's measurements (use --json)"]
 
 
 def test_show_prints_the_saved_run(tmp_path):

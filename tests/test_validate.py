@@ -43,6 +43,12 @@ def test_validate_ddp_two_ranks(tmp_path):
     assert {"stage_fwd", "stage_bwd", "adam", "gemm_nt"} <= {m.case.op for m in compute.measurements}
     assert compute.header["settings"]["step_op_time_budget_s"] == 2.0
     assert doc["interference"]["compute"] >= 1 and doc["interference"]["comm"] >= 1
+    # `show` prints the saved validation as validate does
+    p = commbench("show", out / "validate.json")
+    assert p.returncode == 0, p.stderr
+    assert (f"measured {meas * 1e3:.2f} ms per step (median of 3" in p.stdout
+            and f"predicted {pred * 1e3:.2f} ms   error {doc['error_pct']:+.1f} %" in p.stdout)
+    assert "step time breakdown" in p.stdout and doc["implementation"][:40] in p.stdout
 
 
 def test_validate_trains_the_padded_vocabulary(tmp_path):
