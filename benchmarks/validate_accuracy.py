@@ -17,7 +17,7 @@ measuring then training within each run, S seconds per measured case and round.
 
 --plans extended runs, instead of the matrix, the plans it leaves out (EXTENDED:
 full recompute, SP, GPipe, interleaved, micro-batch 2, TP+PP, TP+ZeRO-1, an
-interleaved pipeline under DDP).
+interleaved pipeline under DDP, a pipeline under ZeRO-1).
 
 --repeat N runs every validation N times and gives each row the median of its
 runs' errors as well (this VM's run-to-run spread is as large as the errors).
@@ -48,7 +48,7 @@ PLANS = [
 
 # --plans extended: what the matrix leaves out (recompute, sequence parallelism,
 # GPipe and interleaved schedules, a micro-batch of 2, TP with a pipeline or ZeRO-1,
-# an interleaved pipeline under DDP); DTensor runs TP where Megatron's cannot (SP, PP)
+# an interleaved pipeline under DDP, a pipeline under ZeRO-1); DTensor runs TP where Megatron's cannot (SP, PP)
 EXTENDED = [
     ("ddp+rc", 2, ["--zero", "0", "--recompute", "full", "--global-batch", "8"]),
     ("zero3+rc", 2, ["--zero", "3", "--recompute", "full", "--global-batch", "8"]),
@@ -60,6 +60,7 @@ EXTENDED = [
     ("tp+pp", 4, ["--tp", "2", "--pp", "2", "--global-batch", "4"]),
     ("tp+zero1", 4, ["--tp", "2", "--zero", "1", "--global-batch", "8"]),
     ("pp-int+dp", 4, ["--pp", "2", "--schedule", "interleaved", "--interleave", "2", "--global-batch", "12"]),
+    ("pp+zero1", 4, ["--pp", "2", "--zero", "1", "--global-batch", "8"]),
 ]
 
 

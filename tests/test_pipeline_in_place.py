@@ -38,10 +38,27 @@ def test_ops_for_each_virtual_stage_of_a_pure_pipeline():
     fwd = [o.flops for o in ops if o.phase == "fwd"]
     assert fwd[1] == fwd[2] < fwd[0] and fwd[1] < fwd[3]
     assert set(every) <= set(compute_ops.compute_ops(TINY, par))
-    # no pipeline, ZeRO beside it, recompute: none
-    for kw in (dict(world=2), dict(world=4, pp=2, zero=1), dict(world=4, pp=2, zero=3),
+    # no pipeline, ZeRO-2/3 or DeepSpeed's ZeRO-1 beside it, recompute: none
+    for kw in (dict(world=2), dict(world=4, pp=2, zero=2), dict(world=4, pp=2, zero=3),
+               dict(world=4, pp=2, zero=1, zero_flavour="deepspeed"),
                dict(world=2, pp=2, recompute="full"), dict(world=4, gpus_per_node=4, pp=2, tp=2, recompute="full")):
         assert _ops(global_batch=8, **kw) == [], kw
+
+
+def test_ops_for_a_pipeline_under_zero1():
+    """pp+dp with torch's ZeRO-1 (DDP with ZeroRedundancyOptimizer): the chunks,
+    the plan naming its ZeRO stage so the pipeline that times them steps as
+    training does; no optimizer op (its step holds the broadcasts, placed on
+    their own). ZeRO-1 on one dp rank is plain Adam: the optimizer op too."""
+    par = Parallelism(world=4, pp=2, zero=1, global_batch=8)
+    ops = _ops(**vars(par))
+    assert sorted((o.scope, o.stage) for o in ops) == [("pp_stage", s) for s in (0, 0, 1, 1)]
+    assert json.loads(dict(ops[0].params)["plan"])["zero"] == 1
+    ddp = json.loads(dict(_ops(world=4, pp=2, global_batch=8)[0].params)["plan"])
+    assert "zero" not in ddp
+    one = _ops(world=2, pp=2, zero=1, global_batch=4)
+    assert "zero" not in json.loads(dict(one[0].params)["plan"])
+    assert sum(o.scope == "pp_optimizer" for o in one) == 2
 
 
 def test_ops_for_a_pipeline_with_tensor_parallelism():
@@ -329,3 +346,18 @@ def test_timed_inside_pipelining_with_tensor_parallelism_on_four_gloo_ranks(tmp_
         assert m.samples_s == pytest.approx([max(a, b) for a, b in zip(*(m.rank_samples_s[r] for r in holders))])
     for k in (0, 1):
         assert mine[(k, "pipeline_bwd")].stats["time_p50_s"] > mine[(k, "pipeline_fwd")].stats["time_p50_s"]
+
+
+def test_timed_inside_pipelining_under_zero1_on_four_gloo_ranks(tmp_path):
+    """pp 2 x dp 2 with ZeRO-1, 4 micro-batches a step: the chunks timed as
+    under DDP (a backward's last of a step left out), no optimizer samples."""
+    ms = compute_measurements(tmp_path, "--model", "tiny-gpt", "--nprocs", "4", "--pp", "2", "--zero", "1",
+                              "--global-batch", "8", iters=3)
+    mine = {(m.case.params["chunk"], m.case.op): m for m in ms if m.case.op.startswith("pipeline_")}
+    assert set(mine) == {(k, f"pipeline_{ph}") for k in (0, 1) for ph in ("fwd", "bwd")}
+    for k in (0, 1):
+        fwd, bwd = mine[(k, "pipeline_fwd")], mine[(k, "pipeline_bwd")]
+        assert fwd.status == bwd.status == "ok", fwd.skip_reason or bwd.skip_reason
+        steps = len(fwd.samples_s) // 4
+        assert steps >= 3 and len(bwd.samples_s) == 3 * steps
+        assert [r for r, x in enumerate(fwd.rank_samples_s) if x] == [2 * k, 2 * k + 1]

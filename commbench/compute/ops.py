@@ -455,16 +455,18 @@ def pipeline_stage_ops(model: ModelSpec, par: Parallelism) -> list:
     rank's optimizer step as that step runs it, to the step's end (scope
     'pp_optimizer', phase 'step', once a step: the Adam of optimizer_ops,
     timed in place). For a
-    pipeline (pp > 1) without recompute, alone or under DDP (dp > 1, ZeRO 0),
-    with or without tensor parallelism (DTensor's, as training runs a TP
-    pipeline): with TP a chunk holds its stage's TP collectives as they run
-    between its kernels, the peer stages' ranks computing meanwhile or idle in
-    the fill and drain, as in the step; under DDP each chunk's last backward of
-    a step, which holds DDP's gradient reduction, is left out of its
-    backward's samples and every dp replica of a stage times it (so it needs
-    two micro-batches at least). ZeRO-1/2/3 put their collectives in the
-    optimizer step or in every chunk: no ops."""
-    ddp_ok = par.zero == 0 and par.num_microbatches >= 2
+    pipeline (pp > 1) without recompute, alone or under DDP (dp > 1, ZeRO 0 or
+    torch's ZeRO-1, DDP with ZeroRedundancyOptimizer), with or without tensor
+    parallelism (DTensor's, as training runs a TP pipeline): with TP a chunk
+    holds its stage's TP collectives as they run between its kernels, the peer
+    stages' ranks computing meanwhile or idle in the fill and drain, as in the
+    step; under DDP each chunk's last backward of a step, which holds DDP's
+    gradient reduction, is left out of its backward's samples and every dp
+    replica of a stage times it (so it needs two micro-batches at least).
+    Under ZeRO-1 the chunks only: its optimizer step holds the parameters'
+    broadcasts, which the predictor places on their own. ZeRO-2/3 put FSDP's
+    collectives in every chunk: no ops."""
+    ddp_ok = (par.zero == 0 or (par.zero == 1 and par.zero_flavour == "torch")) and par.num_microbatches >= 2
     if par.pp == 1 or (par.dp > 1 and not ddp_ok) or par.recompute != "none":
         return []
     layer = layer_ops(model, par, 1)
@@ -473,6 +475,7 @@ def pipeline_stage_ops(model: ModelSpec, par: Parallelism) -> list:
                        "global_batch": par.global_batch, "seq": par.seq_for(model), "dtype": par.dtype,
                        "schedule": par.schedule, "interleave": par.interleave,
                        **({"bucket_mb": par.bucket_mb, "grad_dtype": par.grad_dtype} if par.dp > 1 else {}),
+                       **({"zero": par.zero} if par.dp > 1 and par.zero else {}),
                        **({"tp": par.tp, "sp": par.sp} if par.tp > 1 else {})},
                       sort_keys=True)
     common = dict(_layer_shape(model, par), plan=plan, model=json.dumps(asdict(model), sort_keys=True))
@@ -483,7 +486,7 @@ def pipeline_stage_ops(model: ModelSpec, par: Parallelism) -> list:
         for phase in ("fwd", "bwd"):
             ops.append(_module_op(f"virtual stage {k} {phase} (in the pipeline)", f"pipeline_{phase}", work, phase,
                                   par.num_microbatches, "pp_stage", k % par.pp, dict(common, chunk=k), par.dtype))
-    for adam in optimizer_ops(model, par):
+    for adam in optimizer_ops(model, par) if par.zero == 0 or par.dp == 1 else []:
         ops.append(replace(adam, name=f"stage {adam.stage} adam step (in the pipeline)",
                            impl="pipeline_optimizer", scope="pp_optimizer",
                            params=tuple(sorted(dict(common, rank_stage=adam.stage).items()))))

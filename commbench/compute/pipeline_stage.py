@@ -28,16 +28,18 @@ sweep). On this project's 2-core CPU machine tiny-gpt's stage halves took
 rounds of one validation) against 0.64-0.67 ms (each rank's p50) for the
 same Adam timed in a loop on both ranks at once (a round of another).
 
-Under DDP (pp+dp, ZeRO 0) a chunk's last backward of a step holds DDP's
+Under DDP (pp+dp, ZeRO 0, or torch's ZeRO-1: DDP with
+ZeroRedundancyOptimizer) a chunk's last backward of a step holds DDP's
 gradient reduction (torch pipelining runs the others under no_sync): it
 keeps its share of its segment, under a key of its own that is not
 reported, so the chunk's backward samples are its m - 1 others a step. Every
 dp replica of a stage times its chunks; a call's sample is the slowest
 replica's.
 
-The ops are those of compute.ops.pipeline_stage_ops (pp > 1, tp = 1, dp = 1
-or DDP, no recompute); they need the job to be the plan's world, else they
-are skipped with the reason."""
+The ops are those of compute.ops.pipeline_stage_ops (pp > 1, dp = 1 or DDP
+with ZeRO 0 or 1, with or without DTensor TP, no recompute; no optimizer op
+under ZeRO-1, whose step holds its broadcasts); they need the job to be the
+plan's world, else they are skipped with the reason."""
 import json
 import math
 import time
