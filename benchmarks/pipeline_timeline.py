@@ -100,8 +100,8 @@ def parts(t0, t1, events) -> dict:
 
 
 def report(gathered, a, par):
-    print(f"{a.model}, pp {par.pp} x dp {par.dp}, {par.schedule} x {par.interleave}, {par.num_microbatches} micro-batches, {a.steps} steps "
-          f"after {a.warmup}: mean ms per step")
+    print(f"{a.model}, pp {par.pp} x dp {par.dp}, {par.schedule} x {par.interleave}, {par.num_microbatches} "
+          f"micro-batches, {a.steps} steps after {a.warmup}: mean ms per step")
     names = list(parts(*gathered[0][0]))
     print("rank  " + "".join(f"{n:>17}" for n in names))
     for r, steps in enumerate(gathered):

@@ -278,3 +278,26 @@ def test_torch_zero2_units_are_fsdp_units():
     n = 8
     rows = lambda d: -(-d // n) * n        # noqa: E731  padded to a multiple of the dp size
     assert root2.nbytes == 2 * (rows(25129) * 2048 + rows(2048) * 2048 + 2 * rows(2048))
+
+
+@pytest.mark.parametrize("name,pp,zero", [("gpt3-13b", 4, 1), ("llama2-7b", 8, 1), ("gpt3-13b", 5, 0)])
+def test_middle_stages_computed_once_match_each_stage_computed_alone(name, pp, zero):
+    """The plan's builders compute a stage's Adam shard, DDP buckets and ZeRO-1
+    broadcasts once per kind of stage (first, middle, last): every stage's ops
+    are those computed from that stage's own parameters."""
+    from commbench.compute import ops as compute_ops
+    from commbench.parallel import DTYPE_BYTES
+    from commbench.strategies import ddp, zero as zero_mod
+    model = models.get(name)
+    par = Parallelism(world=4 * pp, gpus_per_node=4, pp=pp, zero=zero, global_batch=8 * 4 * pp)
+    adams = compute_ops.optimizer_ops(model, par)
+    reduces = ddp.gradient_allreduces(model, par)
+    bcasts = [c for c in (zero_mod.comm_ops(model, par) if zero else []) if c.collective == "broadcast"]
+    for s in range(pp):
+        assert (adams[s].m, adams[s].n) == compute_ops._adam_share(model, par, s)
+        assert [c.nbytes for c in reduces if c.stage == s] == [
+            sum(p.numel for p in b) * DTYPE_BYTES[par.grad_dtype] for b in ddp.buckets(model, par, s)]
+        if zero:
+            got = [(c.root, c.nbytes) for c in bcasts if c.stage == s for _ in range(c.count)]
+            assert got == zero_mod.zero_broadcasts(model, par, s)
+

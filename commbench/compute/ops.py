@@ -24,7 +24,7 @@ from dataclasses import asdict, replace
 from commbench.models import ModelSpec
 from commbench.parallel import DTYPE_BYTES, Parallelism
 from commbench.strategies import tp
-from commbench.strategies.common import rank_params
+from commbench.strategies.common import rank_params, stage_kind
 from commbench.workload import ComputeOp
 
 # fp32 master weights, Adam's m and v: read and written once per step (24 B per
@@ -237,8 +237,7 @@ def optimizer_ops(model: ModelSpec, par: Parallelism) -> list:
     copy = e if e < 4 else 0
     ops, shares = [], {}
     for stage in range(par.pp):
-        # the stages between the first and the last hold alike-sized parameters
-        kind = (stage == 0, stage == par.pp - 1)
+        kind = stage_kind(par, stage)
         if kind not in shares:
             shares[kind] = _adam_share(model, par, stage)
         numel, tensors = shares[kind]

@@ -23,6 +23,14 @@ def stage_layers(model: ModelSpec, par: Parallelism, stage: int) -> range:
     return range(stage * per, (stage + 1) * per)
 
 
+def stage_kind(par: Parallelism, stage: int) -> tuple:
+    """(first, last): what sets a stage's parameters apart. The stages between
+    the first and the last hold equal layer counts of alike-sized parameters,
+    so what is computed from their sizes (an Adam shard, DDP buckets, ZeRO-1's
+    broadcasts) is computed once per kind."""
+    return stage == 0, stage == par.pp - 1
+
+
 def layer_params(model: ModelSpec, tp: int, i: int) -> list:
     return list(_layer_params(model, tp, i))
 

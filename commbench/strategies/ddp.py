@@ -43,7 +43,7 @@ Also not modelled: DDP_SET_LAST_BUCKET_CAP=1 (reverses which bucket is small),
 bucket_cap_mb_list, and comm hooks (e.g. fp16 compression)."""
 from commbench.models import ModelSpec
 from commbench.parallel import Parallelism
-from commbench.strategies.common import grad_bytes, op, rank_params
+from commbench.strategies.common import grad_bytes, op, rank_params, stage_kind
 
 MIB = 1024 * 1024                      # torch's _MB_TO_BYTES
 DEFAULT_BUCKET_CAP_MB = 25             # torch's _DEFAULT_BUCKET_CAP_MB
@@ -114,7 +114,7 @@ def gradient_allreduces(model: ModelSpec, par: Parallelism, strategy: str = "ddp
         return out                     # DDP over one rank reduces nothing
     sizes = {}
     for stage in range(par.pp):
-        kind = (stage == 0, stage == par.pp - 1)     # the stages between hold alike-sized parameters
+        kind = stage_kind(par, stage)
         if kind not in sizes:
             sizes[kind] = [sum(p.numel for p in b) for b in buckets(model, par, stage)]
         bs = sizes[kind]

@@ -57,7 +57,7 @@ import heapq
 
 from commbench.models import ModelSpec
 from commbench.parallel import Parallelism
-from commbench.strategies.common import grad_bytes, op, param_bytes, rank_params, shard_numel
+from commbench.strategies.common import grad_bytes, op, param_bytes, rank_params, shard_numel, stage_kind
 from commbench.strategies.ddp import gradient_allreduces, grad_ready_order
 
 DS_REDUCE_BUCKET_ELEMS = 500_000_000       # DeepSpeed reduce_bucket_size default
@@ -96,7 +96,7 @@ def _torch_zero1(model, par, parameters_as_bucket_view):
         return ops
     of_kind = {}
     for stage in range(par.pp):
-        kind = (stage == 0, stage == par.pp - 1)     # the stages between hold alike-sized parameters
+        kind = stage_kind(par, stage)
         if kind not in of_kind:
             runs = []                              # merge consecutive equal broadcasts of one owner
             for owner, nbytes in zero_broadcasts(model, par, stage, parameters_as_bucket_view):
