@@ -58,26 +58,45 @@ def rank_main(a):
     sched._step_microbatches = timed(sched._step_microbatches, "micro-batches")
     opt.step = timed(opt.step, "optimizer")
     wait, post = schedules._wait_batch_p2p, schedules._batch_p2p
-    schedules._wait_batch_p2p = timed(wait, "wait")
-    schedules._batch_p2p = timed(post, "post")
+    posted = {}                                   # id(works) -> (start, end, [(direction, peer)])
+
+    def post_recorded(p2p_ops, *args, **kwargs):
+        t0 = time.perf_counter()
+        works = post(p2p_ops, *args, **kwargs)
+        ops = [("send" if o.op in (dist.isend, dist.send) else "recv", o.peer) for o in p2p_ops]
+        events.append(("post", t0, time.perf_counter()))
+        posted[id(works)] = (t0, time.perf_counter(), ops)
+        return works
+
+    def wait_recorded(works, *args, **kwargs):
+        t0 = time.perf_counter()
+        out = wait(works, *args, **kwargs)
+        start, end, ops = posted.pop(id(works), (None, None, []))
+        events.append(("wait", t0, time.perf_counter()))
+        transfers.append((start, end, t0, time.perf_counter(), ops))
+        return out
+
+    schedules._wait_batch_p2p = wait_recorded
+    schedules._batch_p2p = post_recorded
     steps = []
     for i in range(a.warmup + a.steps):
         dist.barrier()
-        events = []
+        events, transfers = [], []
         t0 = time.perf_counter()
         step()
         t1 = time.perf_counter()
         if i >= a.warmup:
-            steps.append((t0, t1, events))
+            steps.append((t0, t1, events, transfers))
     schedules._wait_batch_p2p, schedules._batch_p2p = wait, post
     gathered = [None] * world
     dist.all_gather_object(gathered, steps)
     if rank == 0:
         report(gathered, a, par)
+        latencies(gathered)
     dist.destroy_process_group()
 
 
-def parts(t0, t1, events) -> dict:
+def parts(t0, t1, events, transfers=()) -> dict:
     """One rank's step split into its parts (ms)."""
     out = {"step": (t1 - t0) * 1e3}
     sched = next(e for e in events if e[0] == "schedule")
@@ -110,10 +129,40 @@ def report(gathered, a, par):
     print("last step's events (ms from the earliest rank's start; F/B micro-batch@stage):")
     base = min(steps[-1][0] for steps in gathered)
     for r, steps in enumerate(gathered):
-        t0, t1, events = steps[-1]
+        t0, t1, events, _ = steps[-1]
         evs = sorted((s, e, k) for k, s, e in events if k not in ("schedule", "micro-batches"))
         line = " ".join(f"{k}[{(s - base) * 1e3:.1f},{(e - base) * 1e3:.1f}]" for s, e, k in evs)
         print(f"  rank {r} ({(t0 - base) * 1e3:.1f}..{(t1 - base) * 1e3:.1f}): {line}")
+
+
+def latencies(gathered):
+    """Each transfer of a step (the n-th send from rank a to b met with the
+    n-th receive at b from a) where the receiver's wait blocked (> 50 us):
+    how long after the later of the send's post's start and the receive's
+    post's end the wait ended, which is the p2p time of the predictor's
+    pipeline simulation (schedule.py: a transfer ends one p2p time after the
+    later of its posts; the send's from its start, as gloo may deliver while
+    its post is still returning); the waits that did not block only bound it
+    from above."""
+    blocked, free = [], 0
+    for s in range(len(gathered[0])):
+        sends, recvs = {}, {}
+        for r, steps in enumerate(gathered):
+            for start, end, w0, w1, ops in steps[s][3]:
+                for d, peer in ops:
+                    pair = (r, peer) if d == "send" else (peer, r)
+                    (sends if d == "send" else recvs).setdefault(pair, []).append((start, end, w0, w1))
+        for pair, rs in recvs.items():
+            for (_, post_end, w0, w1), (send_start, _, _, _) in zip(rs, sends.get(pair, [])):
+                if w1 - w0 > 50e-6:
+                    blocked.append(w1 - max(post_end, send_start))
+                else:
+                    free += 1
+    if blocked:
+        q = statistics.quantiles(blocked, n=10)
+        print(f"p2p after the later post, {len(blocked)} blocked waits ({free} did not block): mean "
+              f"{statistics.mean(blocked) * 1e3:.3f} ms, p10 {q[0] * 1e3:.3f}, p50 {statistics.median(blocked) * 1e3:.3f}, "
+              f"p90 {q[-1] * 1e3:.3f}")
 
 
 def main():

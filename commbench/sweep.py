@@ -61,8 +61,10 @@ def plan_cases(workload, par, hosts, isolated=False):
     """(layout, case) for every distinct collective of a plan's workload, on the
     plan's real groups: every group of an axis at once (as in training), or only
     the first one with isolated. Pipeline p2p runs between adjacent stages: pairs
-    (stage 2j, 2j+1) of every pipeline at once."""
+    (stage 2j, 2j+1) of every pipeline at once; the tied embedding's all-reduce
+    over the first and the last stage of every pipeline (pp.embedding_groups)."""
     from commbench.collectives import COLLECTIVES
+    from commbench.strategies import pp
     layouts, out, seen = {}, [], set()
     for c in sorted(workload.comm_ops, key=lambda c: (c.axis, c.collective, c.nbytes)):
         dtype = PLAN_DTYPES[c.dtype]
@@ -71,15 +73,17 @@ def plan_cases(workload, par, hosts, isolated=False):
             continue
         seen.add(key)
         pairs = c.collective.startswith("send_recv")
-        if (c.axis, pairs) not in layouts:
-            gs = par.groups[c.axis]
+        embedding = pp.runs_on_embedding_groups(c)
+        if (c.axis, pairs, embedding) not in layouts:
+            gs = pp.embedding_groups(par) if embedding else par.groups[c.axis]
             if pairs:
                 gs = [g[i:i + 2] for g in gs for i in range(0, len(g) - 1, 2)]
             gs = gs[:1] if isolated else gs
             node = {h: i for i, h in enumerate(dict.fromkeys(hosts))}
             span = max(len({node[hosts[r]] for r in g}) for g in gs)
-            layouts[(c.axis, pairs)] = groups.Layout(axis=c.axis, groups=tuple(tuple(g) for g in gs), num_nodes=span)
-        layout = layouts[(c.axis, pairs)]
+            layouts[(c.axis, pairs, embedding)] = groups.Layout(axis=c.axis, groups=tuple(tuple(g) for g in gs),
+                                                                 num_nodes=span)
+        layout = layouts[(c.axis, pairs, embedding)]
         coll = COLLECTIVES[c.collective]
         itemsize = DTYPES[dtype].itemsize
         send, recv = coll.counts(c.nbytes, layout.group_size, itemsize)

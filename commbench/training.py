@@ -367,10 +367,11 @@ def _schedule_class(par: Parallelism):
 
 
 def _tied_groups(par: Parallelism):
-    """{(dp_i, tp_i): group of the first and the last pipeline stage}: created on
-    every rank, in the same order."""
-    return {(d, t): dist.new_group([par.rank_of(0, d, t), par.rank_of(par.pp - 1, d, t)])
-            for d in range(par.dp) for t in range(par.tp)}
+    """{(dp_i, tp_i): group of the first and the last pipeline stage}
+    (pp.embedding_groups, which the plan's all-reduce is measured on): created
+    on every rank, in the same order."""
+    from commbench.strategies import pp
+    return {par.coords(g[0])[1:]: dist.new_group(list(g)) for g in pp.embedding_groups(par)}
 
 
 def _tied_allreduce(spec: ModelSpec, par: Parallelism, chunks: list):

@@ -139,3 +139,27 @@ def test_run_plan_bursts_per_pipeline_stage_over_mpi(tmp_path):
     bursts = [m for m in rf.measurements if m.case.op == "broadcast_burst"]
     assert sorted((m.case.nbytes, m.case.params["broadcasts"]) for m in bursts) == want
     assert all(m.num_wrong == 0 and m.case.concurrent_groups == 1 and m.case.backend == "mpi" for m in bursts)
+
+
+def test_run_plan_tied_embedding_allreduce_on_first_and_last_stage(tmp_path):
+    """With pp = 4 the tied embedding's gradient is all-reduced by the first and
+    the last stage only (Megatron's embedding group, as validate trains it): run
+    --plan measures it on that pair, and predict finds it measured, where
+    before it was timed over the whole pipeline group of 4 and predict could
+    not place it."""
+    from commbench.commmodel import CommModel
+    out = tmp_path / "pp4.jsonl"
+    p = commbench("run", "--nprocs", "4", "--model", "tiny-gpt", "--pp", "4", "--global-batch", "8",
+                  "-d", "fp32", *FAST, "--out", out, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    rf = results.load(str(out))
+    model = models.get("tiny-gpt")
+    (m,) = [m for m in rf.measurements if m.case.op == "all_reduce"]
+    assert m.status == "ok" and m.num_wrong == 0
+    assert (m.case.axis, m.case.group_size, m.case.concurrent_groups) == ("pp", 2, 1)
+    assert m.case.nbytes == model.vocab * model.hidden * 4
+    est = CommModel.from_results(rf).estimate("all_reduce", m.case.nbytes, 2, 1, dtype="fp32")
+    assert est.source == "measured" and est.time_s == m.stats["time_p50_s"]
+    # the adjacent stages' p2p still runs on pairs (0, 1) and (2, 3)
+    (s,) = {m.case.concurrent_groups for m in rf.measurements if m.case.op.startswith("send_recv")}
+    assert s == 2

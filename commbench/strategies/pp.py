@@ -75,6 +75,20 @@ def _mesh(world: int, gpus_per_node: int, tp: int, pp: int, dp: int) -> Parallel
     return Parallelism(world=world, gpus_per_node=gpus_per_node, tp=tp, pp=pp, dp=dp, allow_tp_across_nodes=True)
 
 
+def embedding_groups(par: Parallelism) -> list:
+    """Megatron's embedding groups: the first and the last stage of every
+    pipeline (one per (dp, tp) index), which all-reduce the tied embedding's
+    gradient; the whole pipeline group only where pp = 2."""
+    return [(g[0], g[-1]) for g in par.groups["pp"]]
+
+
+def runs_on_embedding_groups(op) -> bool:
+    """The op of the pp axis that runs over embedding_groups, not the pipeline
+    group: the tied embedding's all-reduce (the axis's one collective that is
+    no point-to-point)."""
+    return op.axis == "pp" and not op.collective.startswith("send_recv")
+
+
 def _p2p(par: Parallelism, stage: int, peer: int, phase: str, kind: str, nbytes: int,
          count: int, note: str = "") -> CommOp:
     prep = "to" if kind == "send" else "from"
