@@ -291,7 +291,8 @@ def granularity(ops, times: Times, stage: int | None = None) -> list:
     head as modules where all of theirs were; else kernel by kernel (measured,
     or from a SystemSpec)."""
     # costs on top (framework_overhead) or in place of compute + TP (tp_in_place), not granularities
-    ops = [op for op in ops if op.scope not in ("framework", "tp_stage", "dp_in_place", "pp_stage", "pp_optimizer")]
+    ops = [op for op in ops if op.scope not in ("framework", "tp_stage", "dp_in_place", "pp_stage", "pp_optimizer",
+                                               "pp_p2p")]
     if stage is not None:
         ops = [op for op in ops if op.stage in (-1, stage)]
         whole = whole_stage(ops, times, stage)
@@ -603,22 +604,34 @@ def chunk_times(stages: list, par, which: str) -> list:
     return out
 
 
-def p2p_times(comm_ops, par, times: Times, bound: str):
+def p2p_times(comm_ops, par, times: Times, bound: str, compute_ops=()):
     """p2p time of each chunk boundary k (chunk k on rank k % pp -> chunk k+1):
-    one send_recv of the stage boundary's message between those two ranks' nodes."""
+    its tier's transfers timed inside the plan's pipeline (p2p_in_place) where
+    measured, else one send_recv of the stage boundary's message between those
+    two ranks' nodes."""
+    from commbench.strategies import pp
     sends = [c for c in comm_ops if c.axis == "pp" and c.collective == "send_recv" and c.direction == "send"]
     if not sends:
         return 0.0
     nbytes, dtype = max(c.nbytes for c in sends), sends[0].dtype
-    cache = {}
+    cache, in_place = {}, p2p_in_place(compute_ops, times, bound)
 
     def at(k):
-        a, b = par.rank_of(k % par.pp, 0, 0), par.rank_of((k + 1) % par.pp, 0, 0)
-        nodes = 1 if par.node_of(a) == par.node_of(b) else 2
+        nodes = pp.boundary_nodes(par, k)
         if nodes not in cache:
-            cache[nodes] = times.comm("send_recv", nbytes, 2, nodes, dtype, bound)
+            cache[nodes] = in_place.get(nodes) or times.comm("send_recv", nbytes, 2, nodes, dtype, bound)
         return cache[nodes]
     return at
+
+
+def p2p_in_place(ops, times: Times, bound: str) -> dict:
+    """nodes (1, 2) -> the p2p time of a chunk boundary of that tier as the
+    plan's own pipeline met its transfers (scope pp_p2p, compute/pipeline_stage.py:
+    from the later of a transfer's posts to the end of its receiver's wait),
+    where measured; it replaces the sweep's send_recv, timed with every pair
+    exchanging at once and nothing else running."""
+    return {2 if dict(op.params)["tier"] == "inter" else 1: times.compute(op, bound)
+            for op in ops if op.scope == "pp_p2p" and times.measured(op)}
 
 
 # ----------------------------------------------------------------------------- DP placement
@@ -852,7 +865,7 @@ def compose(workload, par, times: Times, bound: str = "mid", pipeline_cache: dic
     """One composition at a bound: per-stage ends and the critical stage's parts."""
     stages = stage_times(workload.compute_ops, workload.comm_ops, par, times, bound)
     fwd, bwd = chunk_times(stages, par, "fwd"), chunk_times(stages, par, "bwd")
-    p2p = p2p_times(workload.comm_ops, par, times, bound)
+    p2p = p2p_times(workload.comm_ops, par, times, bound, workload.compute_ops)
     slow = times.interference
     m = par.num_microbatches
     dp_by_stage = {}                  # stage -> its DP/ZeRO ops of the forward and backward, in order

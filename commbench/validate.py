@@ -47,7 +47,8 @@ def timing_settings(time_budget_s: float = TIME_BUDGET_S, max_iters: int = MAX_I
 # budget (min_time_s) even where its CI is met sooner: on this project's VM
 # ten calls of a DDP micro-batch (about 85 ms in all, CI met) measured 8.4-8.8 ms in two
 # rounds of one validation and 5.1 ms over 320 calls in the third
-STEP_SCOPES = ("stage_module", "tp_stage", "dp_in_place", "pp_stage", "pp_optimizer", "framework", "optimizer")
+STEP_SCOPES = ("stage_module", "tp_stage", "dp_in_place", "pp_stage", "pp_optimizer", "pp_p2p", "framework",
+               "optimizer")
 STEP_OP_BUDGET_FACTOR = 4
 
 

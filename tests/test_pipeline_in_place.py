@@ -22,7 +22,7 @@ def _ops(**kw):
 
 
 def test_ops_for_each_virtual_stage_of_a_pure_pipeline():
-    par = Parallelism(world=2, pp=2, global_batch=4, interleave=2, schedule="interleaved")
+    par = Parallelism(world=2, gpus_per_node=2, pp=2, global_batch=4, interleave=2, schedule="interleaved")
     every = _ops(**vars(par))
     ops = [o for o in every if o.scope == "pp_stage"]
     assert [(dict(o.params)["chunk"], o.stage, o.impl) for o in ops] == [
@@ -31,7 +31,14 @@ def test_ops_for_each_virtual_stage_of_a_pure_pipeline():
     # and each pp rank's optimizer step, once a step: the Adam of its stage
     opt = [o for o in every if o.scope == "pp_optimizer"]
     adams = compute_ops.optimizer_ops(TINY, par)
-    assert len(every) == len(ops) + len(opt) == 8 + 2
+    p2p = [o for o in every if o.scope == "pp_p2p"]
+    assert len(every) == len(ops) + len(opt) + len(p2p) == 8 + 2 + 1
+    # the transfers: one tier (both ranks on one node), the boundary's message
+    assert [(dict(o.params)["tier"], o.impl, o.nbytes) for o in p2p] == [
+        ("intra", "pipeline_p2p", TINY.seq * TINY.hidden * 2)]
+    # stages on nodes of one GPU each: every boundary crosses nodes
+    assert [dict(o.params)["tier"] for o in _ops(world=2, gpus_per_node=1, pp=2, global_batch=4)
+            if o.scope == "pp_p2p"] == ["inter"]
     assert [(dict(o.params)["rank_stage"], o.stage, o.impl, o.phase, o.count, o.m) for o in opt] == [
         (s, s, "pipeline_optimizer", "step", 1, adams[s].m) for s in (0, 1)]
     # chunk 0 holds the embedding, the last chunk the head: more FLOPs than a middle chunk
@@ -52,7 +59,7 @@ def test_ops_for_a_pipeline_under_zero1():
     their own). ZeRO-1 on one dp rank is plain Adam: the optimizer op too."""
     par = Parallelism(world=4, pp=2, zero=1, global_batch=8)
     ops = _ops(**vars(par))
-    assert sorted((o.scope, o.stage) for o in ops) == [("pp_stage", s) for s in (0, 0, 1, 1)]
+    assert sorted((o.scope, o.stage) for o in ops) == [("pp_p2p", 0)] + [("pp_stage", s) for s in (0, 0, 1, 1)]
     assert json.loads(dict(ops[0].params)["plan"])["zero"] == 1
     ddp = json.loads(dict(_ops(world=4, pp=2, global_batch=8)[0].params)["plan"])
     assert "zero" not in ddp
@@ -68,7 +75,8 @@ def test_ops_for_a_pipeline_with_tensor_parallelism():
     par = Parallelism(world=4, gpus_per_node=4, pp=2, tp=2, sp=True, global_batch=4)
     ops = _ops(**vars(par))
     assert sorted((o.scope, o.stage) for o in ops) == sorted(
-        [("pp_stage", s) for s in (0, 1) for _ in ("fwd", "bwd")] + [("pp_optimizer", 0), ("pp_optimizer", 1)])
+        [("pp_stage", s) for s in (0, 1) for _ in ("fwd", "bwd")] + [("pp_optimizer", 0), ("pp_optimizer", 1)] +
+        [("pp_p2p", 0)])
     plan = json.loads(dict(ops[0].params)["plan"])
     assert (plan["tp"], plan["sp"], plan["world"]) == (2, True, 4)
     pure = json.loads(dict(_ops(world=2, pp=2, global_batch=4)[0].params)["plan"])
@@ -83,7 +91,7 @@ def test_ops_for_a_pipeline_under_ddp():
     ops = _ops(**vars(par))
     assert sorted((o.scope, o.impl) for o in ops) == sorted(
         [("pp_stage", f"pipeline_{ph}") for _ in (0, 1) for ph in ("fwd", "bwd")] +
-        [("pp_optimizer", "pipeline_optimizer")] * 2)
+        [("pp_optimizer", "pipeline_optimizer")] * 2 + [("pp_p2p", "pipeline_p2p")])
     plan = json.loads(dict(ops[0].params)["plan"])
     assert (plan["world"], plan["pp"], plan["bucket_mb"], plan["grad_dtype"]) == (4, 2, 10.0, par.grad_dtype)
     assert all(o.count == par.num_microbatches == 4 for o in ops if o.scope == "pp_stage")
@@ -213,6 +221,55 @@ def test_optimizer_timed_in_the_pipeline_replaces_adam_in_a_loop():
     assert sb.step_time_s == pytest.approx(15.5)
 
 
+def p2p_op(name, tier="intra"):
+    return ComputeOp(name, "other", count=1, phase="step", impl="pipeline_p2p", stage=0, scope="pp_p2p",
+                     params=(("tier", tier),))
+
+
+def test_transfers_timed_in_the_pipeline_replace_the_sweeps_p2p():
+    """pp = 2, m = 1, F 1 / B 2 a stage: the sweep's send_recv (0.5) puts the
+    step at 1 + 0.5 + 3 + 0.5 + 2 = 7 (test_predict's hand-made 1F1B); the
+    transfers timed inside the pipeline (0.1) replace it: 1 + 0.1 + 3 + 0.1 + 2
+    = 6.2. Unmeasured, or of the other tier only, the sweep's stands."""
+    par = Parallelism(world=2, gpus_per_node=2, pp=2, global_batch=1)
+    comm = [CommOp("send_recv", "pp", 2, 1, 10, 1, "fwd", label="s", stage=0, peer=1, direction="send")]
+    table = {"layer fwd": 1.0, "layer bwd": 2.0, "adam": 0.0, "p2p": 0.1}
+    sweep = {"send_recv": 0.5}
+    w = workload(par, layer_ops(1) + [adam(0), adam(1), p2p_op("p2p")], comm)
+    sb = predict.predict(w, par, MeasuredTable(table, sweep))
+    assert sb.step_time_s == pytest.approx(6.2)
+    assert sb.breakdown["pp_exposed_s"] == pytest.approx(0.2)
+    del table["p2p"]
+    assert predict.predict(w, par, MeasuredTable(table, sweep)).step_time_s == pytest.approx(7.0)
+    table["p2p"] = 0.1
+    inter = workload(par, layer_ops(1) + [adam(0), adam(1), p2p_op("p2p", "inter")], comm)
+    assert predict.predict(inter, par, MeasuredTable(table, sweep)).step_time_s == pytest.approx(7.0)
+
+
+def test_transfer_times_meet_the_nth_send_with_the_nth_receive():
+    """Records of two ranks on one clock (ms): rank 0 sends twice to 1 and
+    receives once from it; a transfer's time runs from the later of its
+    send's post's start and its receive's post's end to the receive's wait's
+    end, for the waits that blocked. Rank 1's first receive (posted 0-1,
+    waited 1-4; the send posted at 2) took 4 - 2 = 2; its second (posted 5-6,
+    the send at 3, waited 6-6.5) 6.5 - 6 = 0.5; rank 0's receive (posted
+    7-7.5, the send at 8, waited 7.5-9) 1.0; a wait that did not block is
+    left out, as is a receive whose wait never came."""
+    from commbench.compute import pipeline_stage
+    ms = 1e-3
+    rank0 = [["send", 1, 2 * ms, 2.2 * ms, 2.3 * ms, 2.4 * ms], ["send", 1, 3 * ms, 3.1 * ms, None, None],
+             ["recv", 1, 7 * ms, 7.5 * ms, 7.5 * ms, 9 * ms]]
+    rank1 = [["recv", 0, 0.0, 1 * ms, 1 * ms, 4 * ms], ["recv", 0, 5 * ms, 6 * ms, 6 * ms, 6.5 * ms],
+             ["send", 0, 8 * ms, 8.1 * ms, 8.1 * ms, 8.2 * ms]]
+    got = pipeline_stage.transfer_times([rank0, rank1])
+    assert sorted(got) == ["intra"]
+    assert sorted(got["intra"]) == pytest.approx([0.5 * ms, 1.0 * ms, 2 * ms])
+    # tiers by pair; a wait under BLOCKED_S left out
+    rank1[1][5] = 6 * ms + pipeline_stage.BLOCKED_S / 2
+    got = pipeline_stage.transfer_times([rank0, rank1], lambda a, b: f"{a}->{b}")
+    assert got == {"0->1": [pytest.approx(2 * ms)], "1->0": [pytest.approx(1 * ms)]}
+
+
 def test_timed_inside_torch_pipelining_on_two_gloo_ranks(tmp_path):
     ms = compute_measurements(tmp_path, "--model", "tiny-gpt", "--nprocs", "2", "--pp", "2", "--global-batch", "4",
                               iters=3)
@@ -234,13 +291,19 @@ def test_timed_inside_torch_pipelining_on_two_gloo_ranks(tmp_path):
         assert m.status == "ok" and len(m.samples_s) == len(mine[(s, "pipeline_fwd")].samples_s) // 4
         assert [len(x) > 0 for x in m.rank_samples_s] == [r == s for r in (0, 1)]
         assert m.samples_s == m.rank_samples_s[s] and min(m.samples_s) > 0
+    # the transfers between the two stages, as the pipeline met them: one tier (one machine)
+    (p2p,) = [m for m in ms if m.case.op == "pipeline_p2p"]
+    assert p2p.status == "ok" and p2p.case.params["tier"] == "intra"
+    assert len(p2p.samples_s) >= 2 and min(p2p.samples_s) >= 0
+    # at most 2 transfers a micro-batch (an activation, a gradient) for every step the chunks saw
+    assert len(p2p.samples_s) <= 2 * len(mine[(0, "pipeline_fwd")].samples_s)
 
 
 def test_skipped_where_the_job_is_not_the_plans_world(tmp_path):
     ms = compute_measurements(tmp_path, "--model", "tiny-gpt", "--nprocs", "1", "--world", "2", "--pp", "2",
                               "--global-batch", "4", iters=2)
     mine = [m for m in ms if m.case.op.startswith("pipeline_")]
-    assert len(mine) == 4 + 2 and all(m.status == "skipped" for m in mine)
+    assert len(mine) == 4 + 2 + 1 and all(m.status == "skipped" for m in mine)
     assert "needs the plan's 2 ranks to run its pipeline, the job has 1" in mine[0].skip_reason
 
 
@@ -290,14 +353,14 @@ def test_the_steps_own_work_goes_to_its_chunks_and_optimizer(monkeypatch):
         return call
 
     stage = SimpleNamespace(stage_index=0, forward_one_chunk=work(3.0), backward_one_chunk=work(4.0))
-    schedules = SimpleNamespace(_wait_batch_p2p=work(5.0))
+    schedules = SimpleNamespace(_wait_batch_p2p=lambda works: work(5.0)(), _batch_p2p=lambda ops: [])
     opt = SimpleNamespace(step=work(1.5))
 
     def step_microbatches():
-        schedules._wait_batch_p2p()        # the first micro-batch's input
+        schedules._wait_batch_p2p([])        # the first micro-batch's input
         stage.forward_one_chunk(0)
         work(0.5)()                        # posting its send
-        schedules._wait_batch_p2p()        # the gradient back
+        schedules._wait_batch_p2p([])        # the gradient back
         stage.backward_one_chunk(0)
 
     def sched_step():
@@ -315,7 +378,7 @@ def test_the_steps_own_work_goes_to_its_chunks_and_optimizer(monkeypatch):
         opt.step()
         work(0.25)()                       # the losses' mean
 
-    timed_step, clock, opt_s, undo = pipeline_stage.instrument(
+    timed_step, clock, opt_s, log, undo = pipeline_stage.instrument(
         step, [stage], sched, opt, schedules, lambda: None, lambda: barriers.append(now[0]), with_reduce=False)
     timed_step()
     timed_step()
@@ -326,7 +389,7 @@ def test_the_steps_own_work_goes_to_its_chunks_and_optimizer(monkeypatch):
     assert opt_s == pytest.approx([1.5 + 0.25] * 2)
     undo()
     now[0] = 0.0
-    schedules._wait_batch_p2p()
+    schedules._wait_batch_p2p([])
     assert now[0] == 5.0 and clock.samples[(0, "fwd")] == pytest.approx([5.0] * 2)
 
 
@@ -353,7 +416,7 @@ def test_timed_inside_pipelining_under_zero1_on_four_gloo_ranks(tmp_path):
     under DDP (a backward's last of a step left out), no optimizer samples."""
     ms = compute_measurements(tmp_path, "--model", "tiny-gpt", "--nprocs", "4", "--pp", "2", "--zero", "1",
                               "--global-batch", "8", iters=3)
-    mine = {(m.case.params["chunk"], m.case.op): m for m in ms if m.case.op.startswith("pipeline_")}
+    mine = {(m.case.params["chunk"], m.case.op): m for m in ms if m.case.op in ("pipeline_fwd", "pipeline_bwd")}
     assert set(mine) == {(k, f"pipeline_{ph}") for k in (0, 1) for ph in ("fwd", "bwd")}
     for k in (0, 1):
         fwd, bwd = mine[(k, "pipeline_fwd")], mine[(k, "pipeline_bwd")]

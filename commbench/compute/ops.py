@@ -23,7 +23,7 @@ from dataclasses import asdict, replace
 
 from commbench.models import ModelSpec
 from commbench.parallel import DTYPE_BYTES, Parallelism
-from commbench.strategies import tp
+from commbench.strategies import pp, tp
 from commbench.strategies.common import rank_params, stage_kind
 from commbench.workload import ComputeOp
 
@@ -453,7 +453,9 @@ def pipeline_stage_ops(model: ModelSpec, par: Parallelism) -> list:
     micro-batches' activations alive and the peers computing; and each pp
     rank's optimizer step as that step runs it, to the step's end (scope
     'pp_optimizer', phase 'step', once a step: the Adam of optimizer_ops,
-    timed in place). For a
+    timed in place); and the stage boundaries' transfers as that pipeline
+    meets them, one op per tier (intra-, inter-node) of its boundaries
+    (scope 'pp_p2p', the p2p time of the pipeline simulation). For a
     pipeline (pp > 1) without recompute, alone or under DDP (dp > 1, ZeRO 0 or
     torch's ZeRO-1, DDP with ZeroRedundancyOptimizer), with or without tensor
     parallelism (DTensor's, as training runs a TP pipeline): with TP a chunk
@@ -489,6 +491,12 @@ def pipeline_stage_ops(model: ModelSpec, par: Parallelism) -> list:
         ops.append(replace(adam, name=f"stage {adam.stage} adam step (in the pipeline)",
                            impl="pipeline_optimizer", scope="pp_optimizer",
                            params=tuple(sorted(dict(common, rank_stage=adam.stage).items()))))
+    message = pp.message_numel(model, par) * DTYPE_BYTES[par.dtype]
+    for nodes in sorted({pp.boundary_nodes(par, k) for k in range(nvirt - 1)}):
+        tier = "intra" if nodes == 1 else "inter"
+        ops.append(ComputeOp(name=f"{tier}-node p2p transfer (in the pipeline)", kind="other", m=message,
+                             nbytes=message, count=1, phase="step", dtype=par.dtype, impl="pipeline_p2p",
+                             stage=0, scope="pp_p2p", params=tuple(sorted(dict(common, tier=tier).items()))))
     return ops
 
 

@@ -36,6 +36,24 @@ reported, so the chunk's backward samples are its m - 1 others a step. Every
 dp replica of a stage times its chunks; a call's sample is the slowest
 replica's.
 
+The stage boundaries' transfers are timed in the same steps (op
+pipeline_p2p, one per tier of the plan's boundaries, intra- and inter-node):
+each rank records when it posted its sends and receives (torch pipelining's
+_batch_p2p) and when its wait for them (_wait_batch_p2p) began and ended; the
+n-th send from rank a to rank b meets the n-th receive at b from a, and each
+transfer whose receiver blocked in its wait gives the time from the later of
+the send's post's start and the receive's post's end to the wait's end: the
+p2p time of the predictor's pipeline simulation (a transfer ends one p2p
+time after the later of its posts), as the pipeline meets it. The waits that
+did not block only bound it and are left out. The two ends are on two ranks'
+clocks, so it needs every rank on one machine (one kernel boot id: network
+namespaces share it); else it is skipped and the comm sweep's send_recv
+stands in. On this project's 2-core CPU machine tiny-gpt's pp 4 on 4 ranks
+met its transfers 0.74 ms (mean) after their posts in the pipeline, while
+the sweep's send_recv of the same 16 KiB between pairs of its ranks took
+2.4-3.2 ms (mean; p50 0.13-4.0 ms, bimodal: 4 processes on 2 cores), which
+put the step at +81 % (benchmarks/pipeline_timeline.py; validate).
+
 The ops are those of compute.ops.pipeline_stage_ops (pp > 1, dp = 1 or DDP
 with ZeRO 0 or 1, with or without DTensor TP, no recompute; no optimizer op
 under ZeRO-1, whose step holds its broadcasts); they need the job to be the
@@ -44,8 +62,9 @@ import json
 import math
 import time
 
-IMPLS = ("pipeline_fwd", "pipeline_bwd", "pipeline_optimizer")
+IMPLS = ("pipeline_fwd", "pipeline_bwd", "pipeline_optimizer", "pipeline_p2p")
 OPTIMIZER = "optimizer"
+BLOCKED_S = 50e-6         # a wait for a transfer shorter than this did not block: it only bounds the transfer
 REDUCE = "bwd_reduce"     # under DDP, a chunk's last backward of a step: not reported
 
 
@@ -123,10 +142,80 @@ class ChunkClock:
         return call
 
 
+class TransferLog:
+    """This rank's posts of sends and receives in the timed steps, in posting
+    order: [direction, peer (global rank), post start, post end, wait start,
+    wait end] (wait times once waited; after sync() on a GPU)."""
+
+    def __init__(self, sync):
+        self.sync, self.records, self.posted = sync, [], {}
+
+    def clear(self):
+        self.records = []
+
+    def post(self, fn):
+        import torch.distributed as dist
+
+        def call(p2p_ops, *args, **kwargs):
+            t0 = time.perf_counter()
+            works = fn(p2p_ops, *args, **kwargs)
+            t1 = time.perf_counter()
+            mine = [["send" if o.op in (dist.isend, dist.send) else "recv", o.peer, t0, t1, None, None]
+                    for o in p2p_ops]
+            self.records += mine
+            self.posted[id(works)] = mine
+            return works
+        return call
+
+    def wait(self, fn):
+        def call(works, *args, **kwargs):
+            t0 = time.perf_counter()
+            out = fn(works, *args, **kwargs)
+            self.sync()
+            t1 = time.perf_counter()
+            for rec in self.posted.pop(id(works), []):
+                rec[4], rec[5] = t0, t1
+            return out
+        return call
+
+
+def transfer_times(records: list, tier_of=lambda a, b: "intra") -> dict:
+    """records[r]: rank r's TransferLog.records (one clock for all ranks).
+    tier -> [seconds]: the n-th send from a to b met with the n-th receive at b
+    from a, for each transfer whose receive's wait blocked (over BLOCKED_S),
+    the time from the later of the send's post's start and the receive's
+    post's end to the wait's end (at least 0); tier_of(a, b) names the pair's."""
+    sends, recvs = {}, {}
+    for r, recs in enumerate(records):
+        for kind, peer, p0, p1, w0, w1 in recs:
+            if kind == "send":
+                sends.setdefault((r, peer), []).append(p0)
+            elif w1 is not None:
+                recvs.setdefault((peer, r), []).append((p1, w0, w1))
+    out = {}
+    for (a, b), got in sorted(recvs.items()):
+        for (p1, w0, w1), s0 in zip(got, sends.get((a, b), [])):
+            if w1 - w0 > BLOCKED_S:
+                out.setdefault(tier_of(a, b), []).append(max(0.0, w1 - max(p1, s0)))
+    return out
+
+
+def boot_id() -> str:
+    """This machine's kernel boot id: ranks that share it share perf_counter's clock."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        import socket
+        return socket.gethostname()
+
+
 def key_of(op) -> str:
     """The name a rank's samples of op go by: "CHUNK/fwd", "CHUNK/bwd", or
     "STAGE/optimizer" for the pp rank's optimizer step."""
     p = dict(op.params)
+    if op.impl == "pipeline_p2p":
+        return f"{p['tier']}/p2p"
     if op.impl == "pipeline_optimizer":
         return f"{p['rank_stage']}/{OPTIMIZER}"
     return f"{p['chunk']}/{op.impl.rsplit('_', 1)[1]}"
@@ -161,9 +250,9 @@ def instrument(step, stages, sched, opt, schedules, sync, barrier, with_reduce: 
     clock runs from the step's start to the schedule's return (sched.step),
     stopped at every wait for the peers (schedules._wait_batch_p2p, restored
     by undo); the optimizer's sample runs from its call (opt.step) to the
-    step's end. with_reduce: DDP's last backward of a step keeps a key of its
-    own (REDUCE)."""
-    clock, opt_s, opt_start = ChunkClock(sync), [], [0.0]
+    step's end; the log records its transfers (TransferLog). with_reduce:
+    DDP's last backward of a step keeps a key of its own (REDUCE)."""
+    clock, opt_s, opt_start, log = ChunkClock(sync), [], [0.0], TransferLog(sync)
 
     def optimizer_started():
         sync()
@@ -182,19 +271,20 @@ def instrument(step, stages, sched, opt, schedules, sync, barrier, with_reduce: 
         st.backward_one_chunk = clock.chunk(st.backward_one_chunk, (st.stage_index, "bwd"),
                                            (st.stage_index, REDUCE) if with_reduce else None)
     sched.step = _around(sched.step, lambda: None, clock.end)
-    wait = schedules._wait_batch_p2p
-    schedules._wait_batch_p2p = _around(wait, clock.end, clock.begin)
+    wait, post = schedules._wait_batch_p2p, schedules._batch_p2p
+    schedules._wait_batch_p2p = _around(log.wait(wait), clock.end, clock.begin)
+    schedules._batch_p2p = log.post(post)
 
     def undo():
-        schedules._wait_batch_p2p = wait
-    return timed_step, clock, opt_s, undo
+        schedules._wait_batch_p2p, schedules._batch_p2p = wait, post
+    return timed_step, clock, opt_s, log, undo
 
 
 def run_steps(backend, items, settings, device) -> dict:
     """Run the plan's pipeline for warmup + n steps on every rank; this rank's
     chunk times {(virtual stage, "fwd"|"bwd"): [seconds per call]} after the
     warmup (ChunkClock) and its optimizer steps' {(pp index, "optimizer"):
-    [...]}. n: at least 3 steps and settings.iters calls of a chunk, then more
+    [...]}, and its TransferLog's records of those steps. n: at least 3 steps and settings.iters calls of a chunk, then more
     while the time budget (settings.time_budget_s per op) lasts, at most
     settings.max_iters calls; rank 0 decides, so every rank runs as many."""
     import torch
@@ -208,13 +298,14 @@ def run_steps(backend, items, settings, device) -> dict:
     mesh = init_device_mesh(dev.type, (par.pp, par.dp, par.tp), mesh_dim_names=("pp", "dp", "tp"))
     step, stages, sched, opt = training.pipeline(spec, par, mesh, dev, seed=0)
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
-    timed_step, clock, opt_s, undo = instrument(step, stages, sched, opt, schedules, sync, dist.barrier,
-                                                with_reduce=par.dp > 1)
+    timed_step, clock, opt_s, log, undo = instrument(step, stages, sched, opt, schedules, sync, dist.barrier,
+                                                     with_reduce=par.dp > 1)
     try:
         for _ in range(max(1, settings.warmup)):
             timed_step()
         clock.clear()
         opt_s.clear()
+        log.clear()
         m = par.num_microbatches
         least = max(3, math.ceil(settings.iters / m))
         most = max(least, settings.max_iters // m)
@@ -227,7 +318,7 @@ def run_steps(backend, items, settings, device) -> dict:
                 break
     finally:
         undo()
-    return {**clock.samples, (mesh["pp"].get_local_rank(), OPTIMIZER): opt_s}
+    return {**clock.samples, (mesh["pp"].get_local_rank(), OPTIMIZER): opt_s}, log.records
 
 
 def measure(backend, items, settings, device, hosts) -> list:
@@ -242,11 +333,15 @@ def measure(backend, items, settings, device, hosts) -> list:
     if errors:
         return [Measurement(case=case, status="skipped", skip_reason=f"could not set up: {errors[0]}")
                 for case, _ in items]
-    own = run_steps(backend, items, settings, device)
+    own, records = run_steps(backend, items, settings, device)
     every = backend.control_allgather({f"{k}/{phase}": v for (k, phase), v in own.items()})
+    transfers = _transfers(backend, items, records)
     out = []
     for case, op in items:
         key = key_of(op)
+        if op.impl == "pipeline_p2p":
+            out.append(_p2p_measurement(case, transfers, dict(op.params)["tier"], settings))
+            continue
         rank_samples = [r.get(key, []) for r in every]
         holders = [s for s in rank_samples if s]
         if not holders:
@@ -264,3 +359,33 @@ def measure(backend, items, settings, device, hosts) -> list:
         m.warnings.append("timed inside the plan's pipeline schedule (warmup in whole steps)")
         out.append(m)
     return out
+
+
+def _transfers(backend, items, records):
+    """tier -> the transfers' times (transfer_times) where the plan has
+    pipeline_p2p ops and every rank shares one clock; else a line saying why
+    not (every rank takes part in the exchange either way)."""
+    boots = backend.control_allgather(boot_id())
+    every = backend.control_allgather(records if any(op.impl == "pipeline_p2p" for _, op in items) else [])
+    if len(set(boots)) > 1:
+        return ("its ranks run on more than one machine: a transfer's two ends are timed on different clocks "
+                "(the sweep's send_recv stands in)")
+    _, par = _plan(items[0][1])
+    return transfer_times(every, lambda a, b: "intra" if par.node_of(a) == par.node_of(b) else "inter")
+
+
+def _p2p_measurement(case, transfers, tier: str, settings):
+    from commbench import stats
+    from commbench.results import Measurement
+    if isinstance(transfers, str):
+        return Measurement(case=case, status="skipped", skip_reason=transfers)
+    samples = transfers.get(tier, [])
+    if len(samples) < 2:
+        return Measurement(case=case, status="skipped",
+                           skip_reason=f"{len(samples)} transfer(s) of the tier whose receiver waited")
+    summary = stats.summarize(samples)
+    m = Measurement(case=case, samples_s=samples, warmup=settings.warmup, target_ci=settings.target_ci,
+                    stats=summary, warnings=stats.warnings_for(summary, len(samples), settings.target_ci,
+                                                               settings.ci_of))
+    m.warnings.append("transfers timed inside the plan's pipeline schedule, after the later of their posts")
+    return m

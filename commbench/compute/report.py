@@ -19,9 +19,10 @@ SCOPES = (("layer", "transformer layer, kernel by kernel (one micro-batch)"),
           ("framework", "data-parallel framework on a rank alone, bare and wrapped"),
           ("tp_stage", "each stage's micro-batch with its tensor parallelism in place"),
           ("pp_stage", "each virtual stage inside the plan's pipeline (one micro-batch)"),
-          ("pp_optimizer", "each stage's optimizer step inside the plan's pipeline"))
+          ("pp_optimizer", "each stage's optimizer step inside the plan's pipeline"),
+          ("pp_p2p", "the stage boundaries' transfers inside the plan's pipeline (after the later of their posts)"))
 # tables whose ops are counted differently from one another: no "x count" in the title
-UNCOUNTED = ("optimizer", "framework", "pp_optimizer")
+UNCOUNTED = ("optimizer", "framework", "pp_optimizer", "pp_p2p")
 
 
 def json_doc(ops, matched) -> dict:

@@ -75,6 +75,13 @@ def _mesh(world: int, gpus_per_node: int, tp: int, pp: int, dp: int) -> Parallel
     return Parallelism(world=world, gpus_per_node=gpus_per_node, tp=tp, pp=pp, dp=dp, allow_tp_across_nodes=True)
 
 
+def boundary_nodes(par: Parallelism, k: int) -> int:
+    """Nodes the chunk boundary k (virtual stage k on pp rank k % pp -> k + 1)
+    spans in the first pipeline: 1 or 2."""
+    a, b = par.rank_of(k % par.pp, 0, 0), par.rank_of((k + 1) % par.pp, 0, 0)
+    return 1 if par.node_of(a) == par.node_of(b) else 2
+
+
 def embedding_groups(par: Parallelism) -> list:
     """Megatron's embedding groups: the first and the last stage of every
     pipeline (one per (dp, tp) index), which all-reduce the tied embedding's
