@@ -48,7 +48,8 @@ PLANS = [
 
 # --plans extended: what the matrix leaves out (recompute, sequence parallelism,
 # GPipe and interleaved schedules, a micro-batch of 2, TP with a pipeline or ZeRO-1,
-# an interleaved pipeline under DDP, a pipeline under ZeRO-1); DTensor runs TP where Megatron's cannot (SP, PP)
+# an interleaved pipeline under DDP, a pipeline under ZeRO-1, four pipeline stages);
+# DTensor runs TP where Megatron's cannot (SP, PP)
 EXTENDED = [
     ("ddp+rc", 2, ["--zero", "0", "--recompute", "full", "--global-batch", "8"]),
     ("zero3+rc", 2, ["--zero", "3", "--recompute", "full", "--global-batch", "8"]),
@@ -61,6 +62,7 @@ EXTENDED = [
     ("tp+zero1", 4, ["--tp", "2", "--zero", "1", "--global-batch", "8"]),
     ("pp-int+dp", 4, ["--pp", "2", "--schedule", "interleaved", "--interleave", "2", "--global-batch", "12"]),
     ("pp+zero1", 4, ["--pp", "2", "--zero", "1", "--global-batch", "8"]),
+    ("pp4", 4, ["--pp", "4", "--global-batch", "8"]),
 ]
 
 
