@@ -136,32 +136,19 @@ def report(gathered, a, par):
 
 
 def latencies(gathered):
-    """Each transfer of a step (the n-th send from rank a to b met with the
-    n-th receive at b from a) where the receiver's wait blocked (> 50 us):
-    how long after the later of the send's post's start and the receive's
-    post's end the wait ended, which is the p2p time of the predictor's
-    pipeline simulation (schedule.py: a transfer ends one p2p time after the
-    later of its posts; the send's from its start, as gloo may deliver while
-    its post is still returning); the waits that did not block only bound it
-    from above."""
-    blocked, free = [], 0
-    for s in range(len(gathered[0])):
-        sends, recvs = {}, {}
-        for r, steps in enumerate(gathered):
-            for start, end, w0, w1, ops in steps[s][3]:
-                for d, peer in ops:
-                    pair = (r, peer) if d == "send" else (peer, r)
-                    (sends if d == "send" else recvs).setdefault(pair, []).append((start, end, w0, w1))
-        for pair, rs in recvs.items():
-            for (_, post_end, w0, w1), (send_start, _, _, _) in zip(rs, sends.get(pair, [])):
-                if w1 - w0 > 50e-6:
-                    blocked.append(w1 - max(post_end, send_start))
-                else:
-                    free += 1
-    if blocked:
-        q = statistics.quantiles(blocked, n=10)
-        print(f"p2p after the later post, {len(blocked)} blocked waits ({free} did not block): mean "
-              f"{statistics.mean(blocked) * 1e3:.3f} ms, p10 {q[0] * 1e3:.3f}, p50 {statistics.median(blocked) * 1e3:.3f}, "
+    """The transfers' p2p time as `compute` times it inside the pipeline
+    (compute/pipeline_stage.transfer_times: the n-th send from rank a to b
+    met with the n-th receive at b from a; for each whose receiver's wait
+    blocked, from the later of the send's post's start and the receive's
+    post's end to the wait's end), over all the timed steps."""
+    from commbench.compute.pipeline_stage import transfer_times
+    records = [[[d, peer, start, end, w0, w1] for _, _, _, transfers in steps
+                for start, end, w0, w1, ops in transfers for d, peer in ops] for steps in gathered]
+    got = transfer_times(records).get("intra", [])
+    if len(got) > 1:
+        q = statistics.quantiles(got, n=10)
+        print(f"p2p after the later post, {len(got)} transfers whose receiver waited: mean "
+              f"{statistics.mean(got) * 1e3:.3f} ms, p10 {q[0] * 1e3:.3f}, p50 {statistics.median(got) * 1e3:.3f}, "
               f"p90 {q[-1] * 1e3:.3f}")
 
 

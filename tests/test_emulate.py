@@ -85,6 +85,22 @@ def test_two_nodes_send_recv_at_the_configured_rate(tmp_path, clean):
 
 
 @needs_netns
+def test_pipeline_transfers_timed_across_emulated_nodes(tmp_path, clean):
+    """compute of a pp 2 plan, one stage on each of 2 emulated nodes: the
+    nodes share the machine's clock, so the boundary's transfers are timed
+    inside the pipeline, as the inter-node tier (the plan's 2 nodes)."""
+    out = tmp_path / "c.jsonl"
+    p = commbench("emulate", "--nodes", "2", "--ranks-per-node", "1", "--inter-bw", "400mbit", "--",
+                  "commbench", "compute", "--model", "tiny-gpt", "--pp", "2", "--global-batch", "4", "--dtype", "fp32",
+                  "-n", "3", "-w", "1", "--target-ci", "0", "-q", "--out", out, cwd=tmp_path, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    (m,) = [m for m in results.load(str(out)).measurements if m.case.op == "pipeline_p2p"]
+    assert m.case.params["tier"] == "inter"
+    assert m.status == "ok", m.skip_reason
+    assert len(m.samples_s) >= 2 and min(m.samples_s) >= 0
+
+
+@needs_netns
 def test_a_message_after_a_pause_is_serialized_at_the_rate(tmp_path, clean):
     """16 KiB after 20 ms of idle, at 100mbit and MTU 1500: a wire takes 16384 B
     / 12.5 MB/s = 1.31 ms (plus headers); a token bucket lets its burst through

@@ -46,9 +46,9 @@ the send's post's start and the receive's post's end to the wait's end: the
 p2p time of the predictor's pipeline simulation (a transfer ends one p2p
 time after the later of its posts), as the pipeline meets it. The waits that
 did not block only bound it and are left out. The two ends are on two ranks'
-clocks, so it needs every rank on one machine (one kernel boot id: network
-namespaces share it); else it is skipped and the comm sweep's send_recv
-stands in. On this project's 2-core CPU machine tiny-gpt's pp 4 on 4 ranks
+clocks, so it needs every rank on one machine (env.machine_id, the kernel's
+boot id: network namespaces share it); else it is skipped and the comm
+sweep's send_recv stands in. On this project's 2-core CPU machine tiny-gpt's pp 4 on 4 ranks
 met its transfers 0.74 ms (mean) after their posts in the pipeline, while
 the sweep's send_recv of the same 16 KiB between pairs of its ranks took
 2.4-3.2 ms (mean; p50 0.13-4.0 ms, bimodal: 4 processes on 2 cores), which
@@ -200,16 +200,6 @@ def transfer_times(records: list, tier_of=lambda a, b: "intra") -> dict:
     return out
 
 
-def boot_id() -> str:
-    """This machine's kernel boot id: ranks that share it share perf_counter's clock."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
-            return f.read().strip()
-    except OSError:
-        import socket
-        return socket.gethostname()
-
-
 def key_of(op) -> str:
     """The name a rank's samples of op go by: "CHUNK/fwd", "CHUNK/bwd", or
     "STAGE/optimizer" for the pp rank's optimizer step."""
@@ -284,9 +274,10 @@ def run_steps(backend, items, settings, device) -> dict:
     """Run the plan's pipeline for warmup + n steps on every rank; this rank's
     chunk times {(virtual stage, "fwd"|"bwd"): [seconds per call]} after the
     warmup (ChunkClock) and its optimizer steps' {(pp index, "optimizer"):
-    [...]}, and its TransferLog's records of those steps. n: at least 3 steps and settings.iters calls of a chunk, then more
-    while the time budget (settings.time_budget_s per op) lasts, at most
-    settings.max_iters calls; rank 0 decides, so every rank runs as many."""
+    [...]}, and its TransferLog's records of those steps. n: at least 3 steps
+    and settings.iters calls of a chunk, then more while the time budget
+    (settings.time_budget_s per op) lasts, at most settings.max_iters calls;
+    rank 0 decides, so every rank runs as many."""
     import torch
     import torch.distributed as dist
     import torch.distributed.pipelining.schedules as schedules
@@ -335,7 +326,7 @@ def measure(backend, items, settings, device, hosts) -> list:
                 for case, _ in items]
     own, records = run_steps(backend, items, settings, device)
     every = backend.control_allgather({f"{k}/{phase}": v for (k, phase), v in own.items()})
-    transfers = _transfers(backend, items, records)
+    transfers = _transfers(backend, items, records, hosts)
     out = []
     for case, op in items:
         key = key_of(op)
@@ -361,17 +352,18 @@ def measure(backend, items, settings, device, hosts) -> list:
     return out
 
 
-def _transfers(backend, items, records):
-    """tier -> the transfers' times (transfer_times) where the plan has
-    pipeline_p2p ops and every rank shares one clock; else a line saying why
-    not (every rank takes part in the exchange either way)."""
-    boots = backend.control_allgather(boot_id())
+def _transfers(backend, items, records, hosts):
+    """tier -> the transfers' times (transfer_times; a pair of ranks on two
+    hosts is inter-node, as the job runs, emulated nodes included) where the
+    plan has pipeline_p2p ops and every rank shares one clock; else a line
+    saying why not (every rank takes part in the exchanges either way)."""
+    from commbench.env import machine_id
+    machines = backend.control_allgather(machine_id())
     every = backend.control_allgather(records if any(op.impl == "pipeline_p2p" for _, op in items) else [])
-    if len(set(boots)) > 1:
+    if len(set(machines)) > 1:
         return ("its ranks run on more than one machine: a transfer's two ends are timed on different clocks "
                 "(the sweep's send_recv stands in)")
-    _, par = _plan(items[0][1])
-    return transfer_times(every, lambda a, b: "intra" if par.node_of(a) == par.node_of(b) else "inter")
+    return transfer_times(every, lambda a, b: "intra" if hosts[a] == hosts[b] else "inter")
 
 
 def _p2p_measurement(case, transfers, tier: str, settings):
