@@ -139,8 +139,8 @@ def latencies(gathered):
     """The transfers' p2p time as `compute` times it inside the pipeline
     (compute/pipeline_stage.transfer_times: the n-th send from rank a to b
     met with the n-th receive at b from a; for each whose receiver's wait
-    blocked, from the later of the send's post's start and the receive's
-    post's end to the wait's end), over all the timed steps."""
+    blocked, from the later of the two posts' ends to the wait's end, at
+    least 0), over all the timed steps."""
     from commbench.compute.pipeline_stage import transfer_times
     records = [[[d, peer, start, end, w0, w1] for _, _, _, transfers in steps
                 for start, end, w0, w1, ops in transfers for d, peer in ops] for steps in gathered]

@@ -248,13 +248,14 @@ def test_transfers_timed_in_the_pipeline_replace_the_sweeps_p2p():
 
 def test_transfer_times_meet_the_nth_send_with_the_nth_receive():
     """Records of two ranks on one clock (ms): rank 0 sends twice to 1 and
-    receives once from it; a transfer's time runs from the later of its
-    send's post's start and its receive's post's end to the receive's wait's
-    end, for the waits that blocked. Rank 1's first receive (posted 0-1,
-    waited 1-4; the send posted at 2) took 4 - 2 = 2; its second (posted 5-6,
-    the send at 3, waited 6-6.5) 6.5 - 6 = 0.5; rank 0's receive (posted
-    7-7.5, the send at 8, waited 7.5-9) 1.0; a wait that did not block is
-    left out, as is a receive whose wait never came."""
+    receives once from it; a transfer's time runs from the later of its two
+    posts' ends to the receive's wait's end, for the waits that blocked.
+    Rank 1's first receive (posted 0-1, waited 1-4; the send posted 2-2.2)
+    took 4 - 2.2 = 1.8; its second (posted 5-6, the send 3-3.1, waited
+    6-6.5) 6.5 - 6 = 0.5; rank 0's receive (posted 7-7.5, the send 8-8.1,
+    waited 7.5-9) 0.9; a wait that did not block is left out, as is a
+    receive whose wait never came, and a transfer done before its send's
+    post returned counts 0."""
     from commbench.compute import pipeline_stage
     ms = 1e-3
     rank0 = [["send", 1, 2 * ms, 2.2 * ms, 2.3 * ms, 2.4 * ms], ["send", 1, 3 * ms, 3.1 * ms, None, None],
@@ -263,11 +264,14 @@ def test_transfer_times_meet_the_nth_send_with_the_nth_receive():
              ["send", 0, 8 * ms, 8.1 * ms, 8.1 * ms, 8.2 * ms]]
     got = pipeline_stage.transfer_times([rank0, rank1])
     assert sorted(got) == ["intra"]
-    assert sorted(got["intra"]) == pytest.approx([0.5 * ms, 1.0 * ms, 2 * ms])
+    assert sorted(got["intra"]) == pytest.approx([0.5 * ms, 0.9 * ms, 1.8 * ms])
     # tiers by pair; a wait under BLOCKED_S left out
     rank1[1][5] = 6 * ms + pipeline_stage.BLOCKED_S / 2
     got = pipeline_stage.transfer_times([rank0, rank1], lambda a, b: f"{a}->{b}")
-    assert got == {"0->1": [pytest.approx(2 * ms)], "1->0": [pytest.approx(1 * ms)]}
+    assert got == {"0->1": [pytest.approx(1.8 * ms)], "1->0": [pytest.approx(0.9 * ms)]}
+    # rank 1's send post returning at 9.5, after rank 0's wait ended (9): 0
+    rank1[2][3] = 9.5 * ms
+    assert pipeline_stage.transfer_times([rank0, rank1])["intra"] == [pytest.approx(1.8 * ms), 0.0]
 
 
 def test_timed_inside_torch_pipelining_on_two_gloo_ranks(tmp_path):
