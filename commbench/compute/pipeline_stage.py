@@ -42,17 +42,18 @@ each rank records when it posted its sends and receives (torch pipelining's
 _batch_p2p) and when its wait for them (_wait_batch_p2p) began and ended; the
 n-th send from rank a to rank b meets the n-th receive at b from a, and each
 transfer whose receiver blocked in its wait gives the time from the later of
-the two posts' ends to the wait's end (at least 0): the
-p2p time of the predictor's pipeline simulation (a transfer ends one p2p
-time after the later of its posts), as the pipeline meets it. The waits that
-did not block only bound it and are left out. The two ends are on two ranks'
-clocks, so it needs every rank on one machine (env.machine_id, the kernel's
-boot id: network namespaces share it); else it is skipped and the comm
-sweep's send_recv stands in. On this project's 2-core CPU machine tiny-gpt's pp 4 on 4 ranks
-met its transfers 0.74 ms (mean) after their posts in the pipeline, while
-the sweep's send_recv of the same 16 KiB between pairs of its ranks took
-2.4-3.2 ms (mean; p50 0.13-4.0 ms, bimodal: 4 processes on 2 cores), which
-put the step at +81 % (benchmarks/pipeline_timeline.py; validate).
+the two posts' ends to the wait's end (at least 0): the p2p time of the
+predictor's pipeline simulation (a transfer ends one p2p time after the
+later of its posts), as the pipeline meets it. The waits that did not block
+only bound it and are left out. The two ends are on two ranks' clocks, so
+it needs every rank on one machine (env.machine_id, the kernel's boot id:
+network namespaces share it); else it is skipped and the comm sweep's
+send_recv stands in. On this project's 2-core CPU machine tiny-gpt's pp 4
+on 4 ranks met its transfers 0.45-0.49 ms (mean, the three rounds of one validation)
+after the later of their posts' ends in the pipeline, while the sweep's
+send_recv of the same 16 KiB between pairs of its ranks took 2.4-3.2 ms
+(mean; p50 0.13-4.0 ms, bimodal: 4 processes on 2 cores), which put the
+step at +81 % (now -12.9 %).
 
 The ops are those of compute.ops.pipeline_stage_ops (pp > 1, dp = 1 or DDP
 with ZeRO 0 or 1, with or without DTensor TP, no recompute; no optimizer op
