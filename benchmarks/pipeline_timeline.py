@@ -58,35 +58,20 @@ def rank_main(a):
     sched._step_microbatches = timed(sched._step_microbatches, "micro-batches")
     opt.step = timed(opt.step, "optimizer")
     wait, post = schedules._wait_batch_p2p, schedules._batch_p2p
-    posted = {}                                   # id(works) -> (start, end, [(direction, peer)])
-
-    def post_recorded(p2p_ops, *args, **kwargs):
-        t0 = time.perf_counter()
-        works = post(p2p_ops, *args, **kwargs)
-        ops = [("send" if o.op in (dist.isend, dist.send) else "recv", o.peer) for o in p2p_ops]
-        events.append(("post", t0, time.perf_counter()))
-        posted[id(works)] = (t0, time.perf_counter(), ops)
-        return works
-
-    def wait_recorded(works, *args, **kwargs):
-        t0 = time.perf_counter()
-        out = wait(works, *args, **kwargs)
-        start, end, ops = posted.pop(id(works), (None, None, []))
-        events.append(("wait", t0, time.perf_counter()))
-        transfers.append((start, end, t0, time.perf_counter(), ops))
-        return out
-
-    schedules._wait_batch_p2p = wait_recorded
-    schedules._batch_p2p = post_recorded
+    from commbench.compute.pipeline_stage import TransferLog
+    log = TransferLog(lambda: None)               # each post and its wait, as `compute` records them
+    schedules._wait_batch_p2p = timed(log.wait(wait), "wait")
+    schedules._batch_p2p = timed(log.post(post), "post")
     steps = []
     for i in range(a.warmup + a.steps):
         dist.barrier()
-        events, transfers = [], []
+        events = []
+        log.clear()
         t0 = time.perf_counter()
         step()
         t1 = time.perf_counter()
         if i >= a.warmup:
-            steps.append((t0, t1, events, transfers))
+            steps.append((t0, t1, events, log.records))
     schedules._wait_batch_p2p, schedules._batch_p2p = wait, post
     gathered = [None] * world
     dist.all_gather_object(gathered, steps)
@@ -142,9 +127,7 @@ def latencies(gathered):
     blocked, from the later of the two posts' ends to the wait's end, at
     least 0), over all the timed steps."""
     from commbench.compute.pipeline_stage import transfer_times
-    records = [[[d, peer, start, end, w0, w1] for _, _, _, transfers in steps
-                for start, end, w0, w1, ops in transfers for d, peer in ops] for steps in gathered]
-    got = transfer_times(records).get("intra", [])
+    got = transfer_times([[rec for *_, records in steps for rec in records] for steps in gathered]).get("intra", [])
     if len(got) > 1:
         q = statistics.quantiles(got, n=10)
         print(f"p2p after the later post, {len(got)} transfers whose receiver waited: mean "
