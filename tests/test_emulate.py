@@ -80,8 +80,18 @@ def test_two_nodes_send_recv_at_the_configured_rate(tmp_path, clean):
     (m,) = [m for m in rf.measurements if m.status == "ok"]
     assert m.case.num_nodes == 2 and m.num_wrong == 0
     mbit = m.busbw_gbps * 8e3
-    print(f"send_recv 16 MiB between 2 emulated nodes at 400mbit: busbw {mbit:.1f} Mbit/s")
-    assert abs(mbit - 400) / 400 < 0.10, mbit
+    best = mbit * m.stats["time_p50_s"] / min(m.samples_s)
+    print(f"send_recv 16 MiB between 2 emulated nodes at 400mbit: busbw {mbit:.1f} Mbit/s, fastest iteration {best:.1f}")
+    # What TCP can carry at 400mbit with MTU 1500: each 1514-byte frame
+    # (Ethernet header included, which tbf counts) holds 1448 payload bytes
+    # (IP and TCP headers with timestamps taken off).
+    goodput = 400 * 1448 / 1514
+    # The shaper caps the rate, so no iteration beats the goodput; the fastest
+    # one (least disturbed by other work on 2 shared cores) reaches it. The
+    # median may fall behind on a busy machine (336 Mbit/s seen in CI), but
+    # not as far as an unshaped or wrongly scaled link (x8 or /8).
+    assert abs(best - goodput) / goodput < 0.06, (best, goodput)
+    assert 0.6 * goodput < mbit < 1.03 * goodput, (mbit, goodput)
 
 
 @needs_netns
