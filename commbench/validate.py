@@ -52,6 +52,25 @@ STEP_SCOPES = ("stage_module", "tp_stage", "dp_in_place", "pp_stage", "pp_optimi
 STEP_OP_BUDGET_FACTOR = 4
 
 
+# the step ops are timed in two windows of a round, each next to one half of
+# its training (the first right after the first half, the second right before
+# the second half), each with half of their budget and of their minimum time:
+# the machine's speed moves in phases of seconds, and one window sampled one
+# phase, which the training beside it need not share (small-gpt ZeRO-2's FSDP
+# micro-batch measured 82.6, 104.6 and 113.4 ms in one window in each of
+# three rounds, while the first two rounds' steps, 372 and 375 ms, ran at one
+# speed)
+STEP_WINDOW_FILES = ("compute-steps-before.jsonl", "compute-steps-after.jsonl")
+
+
+def window_settings_for(timing: TimingSettings):
+    """op -> its timing in one of the two windows: half of settings_for's
+    budget and minimum time (every op of a window is a step op)."""
+    half = replace(timing, time_budget_s=timing.time_budget_s * STEP_OP_BUDGET_FACTOR / len(STEP_WINDOW_FILES),
+                   min_time_s=timing.time_budget_s / len(STEP_WINDOW_FILES))
+    return lambda op: half
+
+
 def settings_for(timing: TimingSettings):
     """op -> its timing in validate: for the ops of STEP_SCOPES,
     STEP_OP_BUDGET_FACTOR x the budget and at least the budget's time."""
@@ -129,8 +148,9 @@ def run_round(backend, info, workload, model, par, device, steps, warmup, out_di
     """Train, measure the kernels, the collectives and their interference,
     train again; each phase's process groups destroyed at its end
     (process_groups.scope), so that rounds do not pile up groups."""
-    from commbench import process_groups, sweep
+    from commbench import process_groups, results, sweep
     from commbench.compute import runner
+    from commbench.compute import windows as windows_mod
     comm_path, compute_path = os.path.join(out_dir, "comm.jsonl"), os.path.join(out_dir, "compute.jsonl")
     inter_path = os.path.join(out_dir, "interference.jsonl")
     before, after = bracket(steps)
@@ -139,13 +159,19 @@ def run_round(backend, info, workload, model, par, device, steps, warmup, out_di
         with process_groups.scope():
             first = train_guarded(backend, info, workload, model, par, before, warmup, device, tp_impl, out_dir,
                                   timeout_s)
-    with process_groups.scope():
-        compute_rf = runner.run(workload.compute_ops, info, device, timing, compute_path, overwrite, argv,
-                                timeout_s=timeout_s, backend=backend, settings_for=settings_for(timing),
-                                extra_settings={"plan": {"model": model.to_dict(),
-                                                         "parallelism": workload.parallelism},
-                                                "step_op_time_budget_s": timing.time_budget_s * STEP_OP_BUDGET_FACTOR,
-                                                "step_op_min_time_s": timing.time_budget_s})
+    extra = {"plan": {"model": model.to_dict(), "parallelism": workload.parallelism},
+             "step_op_time_budget_s": timing.time_budget_s * STEP_OP_BUDGET_FACTOR,
+             "step_op_min_time_s": timing.time_budget_s}
+    step_ops = [op for op in workload.compute_ops if op.scope in STEP_SCOPES]
+    kernel_ops = [op for op in workload.compute_ops if op.scope not in STEP_SCOPES]
+
+    def time_ops(ops, name, settings_for, window=None):
+        with process_groups.scope():
+            return runner.run(ops, info, device, timing, os.path.join(out_dir, name), overwrite, argv,
+                              timeout_s=timeout_s, backend=backend, settings_for=settings_for,
+                              extra_settings=dict(extra, step_op_window=window) if window else extra)
+    windows = [time_ops(step_ops, STEP_WINDOW_FILES[0], window_settings_for(timing), 1)] if step_ops else []
+    kernels_rf = time_ops(kernel_ops, "compute-kernels.jsonl", None)
     comm_rf = None
     if workload.comm_ops:
         config = RunConfig(device=device, timing=timing, timeout_s=timeout_s)
@@ -160,6 +186,16 @@ def run_round(backend, info, workload, model, par, device, steps, warmup, out_di
             inter_rf = interference.run(interference.InterferenceConfig(device=device, timing=timing,
                                                                         timeout_s=timeout_s),
                                         info, argv, inter_path, overwrite, backend=backend)
+    if step_ops:
+        windows.append(time_ops(step_ops, STEP_WINDOW_FILES[1], window_settings_for(timing), 2))
+    # compute.jsonl: the kernels and each step op's two windows joined
+    compute_rf = windows_mod.join_files(kernels_rf, windows, compute_path, timing.ci_of) if info.rank == 0 else None
+    writer = results.open_on_rank0(info.rank, backend.control_bcast, compute_path,
+                                   compute_rf and compute_rf.header, overwrite)
+    if writer:
+        for m in compute_rf.measurements:
+            writer.append(m)
+        writer.close()
     with process_groups.scope():
         measured = train_guarded(backend, info, workload, model, par, after, warmup, device, tp_impl, out_dir,
                                  timeout_s)

@@ -2,6 +2,7 @@
 plan's collectives and kernels measured on the same ranks, and a report whose
 error is computed from the two numbers it shows."""
 import json
+import os
 import statistics
 import sys
 
@@ -42,6 +43,17 @@ def test_validate_ddp_two_ranks(tmp_path):
     assert all(m.case.kind == "compute" and m.case.concurrent_groups == 2 for m in compute.measurements)
     assert {"stage_fwd", "stage_bwd", "adam", "gemm_nt"} <= {m.case.op for m in compute.measurements}
     assert compute.header["settings"]["step_op_time_budget_s"] == 2.0
+    # the step ops were timed in two windows (either side of the kernels, the
+    # collectives and the interference), each with half the budget; compute.jsonl
+    # holds each one's samples of both, in order
+    before, after = (results.load(str(out / f"compute-steps-{w}.jsonl")) for w in ("before", "after"))
+    assert [before.header["settings"]["step_op_window"], after.header["settings"]["step_op_window"]] == [1, 2]
+    ops = {m.case.op for m in before.measurements}
+    assert {"dp_microbatch", "stage_fwd", "stage_bwd", "adam"} <= ops and "gemm_nt" not in ops
+    for a, b in zip(before.measurements, after.measurements):
+        (m,) = [m for m in compute.measurements if m.case.key() == a.case.key()]
+        assert m.samples_s == a.samples_s + b.samples_s and m.iters == a.iters + b.iters
+        assert m.stats["time_mean_s"] == pytest.approx(statistics.mean(a.samples_s + b.samples_s))
     assert doc["interference"]["compute"] >= 1 and doc["interference"]["comm"] >= 1
     # `show` prints the saved validation as validate does
     p = commbench("show", out / "validate.json")
@@ -152,10 +164,13 @@ def test_step_ops_get_the_larger_budget():
     assert all(of(op).max_iters == 300 and of(op).target_ci == timing.target_ci for op in ops)
 
 
-def test_each_round_trains_on_both_sides_of_its_measurements(monkeypatch):
-    """A round trains half its steps, measures the kernels, the collectives and
-    their interference, then trains the rest; its steps are both halves'."""
-    from commbench import interference, models, plan as plan_mod, sweep, training, validate
+def test_each_round_trains_on_both_sides_of_its_measurements(monkeypatch, tmp_path):
+    """A round trains half its steps, times the step ops (first window),
+    the kernels, the collectives and their interference, the step ops again
+    (second window), then trains the rest; its steps are both halves'."""
+    from types import SimpleNamespace
+
+    from commbench import interference, models, plan as plan_mod, results, sweep, training, validate
     from commbench.compute import runner
     from commbench.parallel import Parallelism
     calls = []
@@ -165,21 +180,32 @@ def test_each_round_trains_on_both_sides_of_its_measurements(monkeypatch):
         k = sum(c[0] == "train" for c in calls)
         return training.StepTimes(step_s=[float(k)] * steps, rank_step_s=[k + 0.5] * steps, losses=[-k] * steps,
                                   implementation="fake")
+
+    def compute(ops, info, device, timing, path, *a, settings_for=None, **k):
+        scopes = {op.scope in validate.STEP_SCOPES for op in ops}
+        budget = {settings_for(op).time_budget_s for op in ops} if settings_for else {timing.time_budget_s}
+        calls.append(("compute", os.path.basename(path), scopes, budget))
+        return results.ResultFile(header=results.make_header(settings={}), measurements=[], path=path)
     monkeypatch.setattr(validate, "train_guarded", train)
-    monkeypatch.setattr(runner, "run", lambda *a, **k: calls.append(("compute",)) or "compute-file")
+    monkeypatch.setattr(runner, "run", compute)
     monkeypatch.setattr(sweep, "run", lambda *a, **k: calls.append(("comm",)) or ("comm-file", 0))
     monkeypatch.setattr(interference, "run", lambda *a, **k: calls.append(("interference",)) or "inter-file")
     par = Parallelism(world=2, gpus_per_node=2, global_batch=4)
     model = models.get("tiny-gpt")
     workload = plan_mod.build(model, par)
-    r = validate.run_round(None, None, workload, model, par, "cpu", 5, 1, "/nonexistent", [], False, None,
+    info, backend = SimpleNamespace(rank=0), SimpleNamespace(control_bcast=lambda x: x)
+    r = validate.run_round(backend, info, workload, model, par, "cpu", 5, 1, str(tmp_path / "a"), [], False, None,
                            validate.timing_settings(), "megatron")
-    assert calls == [("train", 2), ("compute",), ("comm",), ("interference",), ("train", 3)]
-    assert (r.compute, r.comm, r.interference) == ("compute-file", "comm-file", "inter-file")
+    steps = ("compute", "compute-steps-before.jsonl", {True}, {1.0})
+    assert calls == [("train", 2), steps, ("compute", "compute-kernels.jsonl", {False}, {0.5}), ("comm",),
+                     ("interference",), (*steps[:1], "compute-steps-after.jsonl", *steps[2:]), ("train", 3)]
+    assert r.compute.header["settings"]["step_op_windows"] == 2 and r.compute.path == str(tmp_path / "a" / "compute.jsonl")
+    assert results.load(r.compute.path).header["settings"]["step_op_windows"] == 2
+    assert (r.comm, r.interference) == ("comm-file", "inter-file")
     assert r.measured.step_s == [1.0, 1.0, 2.0, 2.0, 2.0] and r.measured.rank_step_s == [1.5] * 2 + [2.5] * 3
     assert r.measured.losses == [-1, -1, -2, -2, -2]
     # one step: it goes after the measurements
     calls.clear()
-    r = validate.run_round(None, None, workload, model, par, "cpu", 1, 1, "/nonexistent", [], False, None,
+    r = validate.run_round(backend, info, workload, model, par, "cpu", 1, 1, str(tmp_path / "b"), [], False, None,
                            validate.timing_settings(), "megatron")
-    assert calls[0] == ("compute",) and calls[-1] == ("train", 1) and r.measured.step_s == [1.0]
+    assert calls[0][0] == "compute" and calls[-1] == ("train", 1) and r.measured.step_s == [1.0]
