@@ -145,8 +145,10 @@ def run_on_rank(model, par, info, device, steps, warmup, out_dir, argv, overwrit
 
 def run_round(backend, info, workload, model, par, device, steps, warmup, out_dir, argv, overwrite, timeout_s,
               timing, tp_impl) -> Round:
-    """Train, measure the kernels, the collectives and their interference,
-    train again; each phase's process groups destroyed at its end
+    """Train, time the step ops (first window), the kernels, the collectives
+    and their interference, the step ops again (second window), train again;
+    compute.jsonl joins the kernels and both windows. Each phase's process
+    groups are destroyed at its end
     (process_groups.scope), so that rounds do not pile up groups."""
     from commbench import process_groups, results, sweep
     from commbench.compute import runner
