@@ -169,6 +169,10 @@ def build_parser() -> Parser:
     g.add_argument("--time-budget", type=float, default=0.5,
                    help="seconds per measured collective and kernel, per round, to reach +-2%% on its mean "
                         "(default 0.5)")
+    g.add_argument("--train-time", type=float, default=None,
+                   help="each half of a round trains at least this many seconds: more steps than --steps where "
+                        "steps are short (default: a step op's budget in one window, 2 x --time-budget; "
+                        "0: exactly --steps)")
     g.add_argument("--max-iters", type=int, default=2000,
                    help="iteration cap per measured collective and kernel (default 2000)")
     g.add_argument("--timeout", type=float, default=None,
@@ -491,6 +495,8 @@ def cmd_validate(a, argv) -> int:
     from commbench import validate
     timing = validate.timing_settings(a.time_budget, a.max_iters)
     validate.round_steps(a.steps, a.rounds)
+    if a.train_time is not None and not a.train_time >= 0:
+        raise ValueError(f"--train-time must be >= 0 seconds, got {a.train_time}")
     if a.device not in ("auto", "cpu", "cuda"):
         raise ValueError(f"unknown device {a.device!r}: choose cpu, cuda or auto")
     info = launch_mod.detect()
@@ -520,7 +526,8 @@ def cmd_validate(a, argv) -> int:
     from commbench import watchdog
     doc = watchdog.interruptible(info.rank, out_dir, lambda: validate.run_on_rank(
         model, par, info, device, a.steps, a.warmup_steps, out_dir, ["commbench", *argv], overwrite=a.force,
-        timeout_s=a.timeout, timing=timing, tp_impl=validate.tp_impl_for(model, par, a.tp_impl), rounds=a.rounds))
+        timeout_s=a.timeout, timing=timing, tp_impl=validate.tp_impl_for(model, par, a.tp_impl), rounds=a.rounds,
+        train_time=a.train_time))
     if doc is None:
         return EXIT_OK
     path = validate.write(doc, out_dir, overwrite=a.force)

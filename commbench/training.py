@@ -126,9 +126,11 @@ def check_plan(model: ModelSpec, par: Parallelism):
                          "twice the parameters, seen with torch 2.13)")
 
 
-def _check_args(par: Parallelism, steps: int, warmup: int):
+def _check_args(par: Parallelism, steps: int, warmup: int, min_time_s: float = 0.0):
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
+    if not min_time_s >= 0:
+        raise ValueError(f"min_time_s must be >= 0 seconds, got {min_time_s!r}")
     if not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup must be a non-negative integer, got {warmup!r}")
     if not dist.is_initialized():
@@ -434,21 +436,35 @@ def pipeline(spec: ModelSpec, par: Parallelism, mesh, dev, seed: int) -> tuple:
 
 
 # --- timing -------------------------------------------------------------------------------------
-def _timed(step, n: int, dev, on_step=None) -> tuple:
-    """This rank's duration and loss of each of n steps, each started together.
-    on_step(i, durations so far), if given, is told before step i."""
+def _timed(step, warmup: int, steps: int, dev, on_step=None, min_time_s: float = 0.0) -> tuple:
+    """This rank's duration and loss of each step, each started together:
+    warmup steps, then steps timed ones and, with min_time_s > 0, more until
+    the timed steps took min_time_s (the slowest rank's total): past steps,
+    the all-reduce of that total starts each step in place of the barrier, so
+    every rank stops at the same step. on_step(i, durations so far), if
+    given, is told before step i (i counts the warmup)."""
     durations, losses = [], []
-    for i in range(n):
+    while True:
+        i = len(durations)
         if on_step:
             on_step(i, durations)
-        dist.barrier()
+        if i < warmup + steps:
+            dist.barrier()
+        elif min_time_s <= 0 or _slowest_total(durations[warmup:], dev) >= min_time_s:
+            return durations, losses
         t0 = time.perf_counter()
         loss = step()
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         durations.append(time.perf_counter() - t0)
         losses.append(loss)
-    return durations, losses
+
+
+def _slowest_total(durations: list, dev) -> float:
+    """The largest sum of durations over the ranks (a collective)."""
+    t = torch.tensor([sum(durations)], dtype=torch.float64, device=dev)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t)
 
 
 def _over_ranks(durations: list, losses: list, dev) -> tuple:
@@ -464,13 +480,15 @@ def _over_ranks(durations: list, losses: list, dev) -> tuple:
 
 
 def train_steps(model: ModelSpec, par: Parallelism, steps: int, warmup: int = 2, device: str = "cpu",
-                seed: int = 0, tp_impl: str = "dtensor", on_step=None) -> StepTimes:
+                seed: int = 0, tp_impl: str = "dtensor", on_step=None, min_time_s: float = 0.0) -> StepTimes:
     """Run warmup + steps real optimizer steps of the plan on this rank (every rank
     of the default group calls it) and time them. ValueError for a plan that
     cannot run. on_step(i, durations so far), if given, is told before each step
-    (i counts the warmup) and, with i = warmup + steps, before the final exchange."""
+    (i counts the warmup) and, with i None, before the final exchange.
+    min_time_s > 0 times more than steps steps where they are short: until
+    the timed steps took min_time_s (_timed)."""
     check_plan(model, par)
-    _check_args(par, steps, warmup)
+    _check_args(par, steps, warmup, min_time_s)
     from torch.distributed.device_mesh import init_device_mesh
     dev = _device(device)
     mesh = init_device_mesh(dev.type, (par.pp, par.dp, par.tp), mesh_dim_names=("pp", "dp", "tp"))
@@ -483,9 +501,9 @@ def train_steps(model: ModelSpec, par: Parallelism, steps: int, warmup: int = 2,
             raise ValueError(f"tp implementation megatron does not support {why}: use dtensor")
     step = _pipeline_step(model, par, mesh, dev, seed) if par.pp > 1 else \
         _flat_step(model, par, mesh, dev, seed, tp_impl)
-    durations, losses = _timed(step, warmup + steps, dev, on_step)
+    durations, losses = _timed(step, warmup, steps, dev, on_step, min_time_s)
     if on_step:
-        on_step(warmup + steps, durations)
+        on_step(None, durations)
     step_s, mean_losses = _over_ranks(durations, losses, dev)
     return StepTimes(step_s=step_s[warmup:], rank_step_s=durations[warmup:], losses=mean_losses[warmup:],
                      implementation=_describe(par, dev, tp_impl), warmup=warmup)

@@ -71,6 +71,16 @@ def window_settings_for(timing: TimingSettings):
     return lambda op: half
 
 
+def train_time_s(timing: TimingSettings) -> float:
+    """validate's default --train-time: each half of a round's training lasts
+    at least one step op's budget in a window, so that both sides of the
+    comparison sample the machine for as long (on this project's VM tiny-gpt's
+    steps of 20-40 ms gave a half of 7 steps 0.14-0.28 s, against a
+    second per step op in the window beside it, while the VM's speed moved by
+    half between the two halves of one round)."""
+    return timing.time_budget_s * STEP_OP_BUDGET_FACTOR / len(STEP_WINDOW_FILES)
+
+
 def settings_for(timing: TimingSettings):
     """op -> its timing in validate: for the ops of STEP_SCOPES,
     STEP_OP_BUDGET_FACTOR x the budget and at least the budget's time."""
@@ -105,6 +115,7 @@ class Round:
     comm: object | None
     interference: object | None
     measured: object           # training.StepTimes
+    steps_before: int = 0      # how many of measured's steps were trained before the measurements
 
 
 def round_steps(steps: int, rounds: int) -> list:
@@ -116,15 +127,19 @@ def round_steps(steps: int, rounds: int) -> list:
 
 
 def run_on_rank(model, par, info, device, steps, warmup, out_dir, argv, overwrite=False, timeout_s=None,
-                timing: TimingSettings | None = None, tp_impl="megatron", rounds: int = 1) -> dict | None:
+                timing: TimingSettings | None = None, tp_impl="megatron", rounds: int = 1,
+                train_time: float | None = None) -> dict | None:
     """Every rank calls this; rank 0 returns the report, the others None. tp_impl:
     the tensor-parallel implementation that runs (and whose collectives are predicted);
     timing: of the collectives and kernels measured (default timing_settings()).
     rounds > 1 alternates measuring and training that many times (each round's
     files in out_dir/round-K, the steps shared among them), so that a machine
-    whose speed drifts during the job weighs on both sides alike."""
+    whose speed drifts during the job weighs on both sides alike. train_time:
+    each half of a round trains at least that many seconds (more steps than
+    its share of steps where they are short; default train_time_s(timing))."""
     from commbench import watchdog
     timing = timing or timing_settings()
+    train_time = train_time_s(timing) if train_time is None else train_time
     per_round = round_steps(steps, rounds)
     # the collectives of what training.py runs
     workload = plan_mod.build(model, par, tp_flavour=tp_impl)
@@ -135,16 +150,16 @@ def run_on_rank(model, par, info, device, steps, warmup, out_dir, argv, overwrit
         for k, n in enumerate(per_round):
             where = out_dir if rounds == 1 else os.path.join(out_dir, f"round-{k + 1}")
             done.append(run_round(backend, info, workload, model, par, device, n, warmup, where, argv, overwrite,
-                                  timeout_s, timing, tp_impl))
+                                  timeout_s, timing, tp_impl, train_time))
     finally:
         backend.close()
     if info.rank != 0:
         return None
-    return report(workload, par, done, device, timing)
+    return report(workload, par, done, device, timing, train_time)
 
 
 def run_round(backend, info, workload, model, par, device, steps, warmup, out_dir, argv, overwrite, timeout_s,
-              timing, tp_impl) -> Round:
+              timing, tp_impl, train_time=0.0) -> Round:
     """Train, time the step ops (first window), the kernels, the collectives
     and their interference, the step ops again (second window), train again;
     compute.jsonl joins the kernels and both windows. Each phase's process
@@ -160,7 +175,7 @@ def run_round(backend, info, workload, model, par, device, steps, warmup, out_di
     if before:
         with process_groups.scope():
             first = train_guarded(backend, info, workload, model, par, before, warmup, device, tp_impl, out_dir,
-                                  timeout_s)
+                                  timeout_s, train_time)
     extra = {"plan": {"model": model.to_dict(), "parallelism": workload.parallelism},
              "step_op_time_budget_s": timing.time_budget_s * STEP_OP_BUDGET_FACTOR,
              "step_op_min_time_s": timing.time_budget_s}
@@ -200,11 +215,11 @@ def run_round(backend, info, workload, model, par, device, steps, warmup, out_di
         writer.close()
     with process_groups.scope():
         measured = train_guarded(backend, info, workload, model, par, after, warmup, device, tp_impl, out_dir,
-                                 timeout_s)
+                                 timeout_s, train_time)
     if first is not None:
         measured = replace(measured, step_s=first.step_s + measured.step_s,
                            rank_step_s=first.rank_step_s + measured.rank_step_s, losses=first.losses + measured.losses)
-    return Round(compute_rf, comm_rf, inter_rf, measured)
+    return Round(compute_rf, comm_rf, inter_rf, measured, len(first.step_s) if first is not None else 0)
 
 
 def bracket(steps: int) -> tuple:
@@ -215,7 +230,8 @@ def bracket(steps: int) -> tuple:
     return steps // 2, steps - steps // 2
 
 
-def train_guarded(backend, info, workload, model, par, steps, warmup, device, tp_impl, out_dir, timeout_s):
+def train_guarded(backend, info, workload, model, par, steps, warmup, device, tp_impl, out_dir, timeout_s,
+                  train_time=0.0):
     """training.train_steps under a watchdog.Guard: the model's set-up and each
     step must end within T + a bound (before the first step: the workload's
     FLOPs at 1 GFLOP/s and bytes at 100 MB/s; after it: 10 x the longest step
@@ -228,16 +244,16 @@ def train_guarded(backend, info, workload, model, par, steps, warmup, device, tp
     first = watchdog.call_bound_s(sum(c.nbytes * c.count for c in workload.comm_ops),
                                   sum(o.flops * o.count for o in workload.compute_ops))
     plan = f"{model.name} {search.describe(par)}"
-    total = warmup + steps
+    count = f"{warmup} warmup, then {steps} timed" + (f" or more to fill {train_time:g} s" if train_time > 0 else "")
     with watchdog.Guard("training", backend, hosts, run_id, out_dir, timeout_s) as guard, guard.watching():
         guard.begin(f"setting up the model for training ({plan})", first)
 
         def on_step(i, durations):
-            what = f"training step {i + 1} of {total} ({plan})" if i < total else \
+            what = f"training step {i + 1} ({count}) ({plan})" if i is not None else \
                 f"exchange of the step times ({plan})"
             guard.begin(what, 10 * max(durations) if durations else first)
         return training.train_steps(model, par, steps, warmup=warmup, device=device, tp_impl=tp_impl,
-                                    on_step=on_step)
+                                    on_step=on_step, min_time_s=train_time)
 
 
 def _predict(workload, par, comm_rf, compute_rf, inter_rf, device):
@@ -251,7 +267,7 @@ def _predict(workload, par, comm_rf, compute_rf, inter_rf, device):
     return predict.predict(workload, par, times), slow
 
 
-def report(workload, par, rounds: list, device, timing) -> dict:
+def report(workload, par, rounds: list, device, timing, train_time: float = 0.0) -> dict:
     """Each round's prediction from its own measurements against the median of
     its own steps; overall, the median of the rounds' predictions
     (predict.median_breakdown: each round weighs the same, as each gives the
@@ -273,6 +289,7 @@ def report(workload, par, rounds: list, device, timing) -> dict:
         m_k = statistics.median(r.measured.step_s)
         each.append({"round": k + 1, "measured_step_time_s": m_k, "predicted_step_time_s": sb.step_time_s,
                      "error_pct": 100.0 * (sb.step_time_s - m_k) / m_k, "measured_steps_s": r.measured.step_s,
+                     "steps_before": r.steps_before,
                      "interference": slow,
                      "results": {kind: None if getattr(r, kind) is None else getattr(r, kind).path
                                  for kind in kinds}})
@@ -297,7 +314,7 @@ def report(workload, par, rounds: list, device, timing) -> dict:
         "timing": {"time_budget_s": timing.time_budget_s,
                    "step_op_time_budget_s": timing.time_budget_s * STEP_OP_BUDGET_FACTOR,
                    "step_op_min_time_s": timing.time_budget_s, "max_iters": timing.max_iters,
-                   "target_ci": timing.target_ci, "ci_of": timing.ci_of},
+                   "target_ci": timing.target_ci, "ci_of": timing.ci_of, "train_time_s": train_time},
         "interference": None if slows[0] is None else {k: statistics.mean(s[k] for s in slows) for k in slows[0]},
         "malloc_mmap_threshold_b": launch.ALLOCATOR_MMAP_THRESHOLD_B,
         "flush_denormal": launch.FLUSH_DENORMAL,

@@ -140,6 +140,7 @@ CASES = {
     "validate-nprocs-negative": (["validate", *PLAN, "--nprocs", "-2"], None, "nprocs"),
     "validate-rounds-0": (["validate", *PLAN, "--rounds", "0"], None, "--rounds"),
     "validate-rounds-over-steps": (["validate", *PLAN, "--steps", "3", "--rounds", "4"], None, "--rounds"),
+    "validate-train-time-negative": (["validate", *PLAN, "--train-time", "-1"], None, "--train-time"),
     "validate-time-budget-negative": (["validate", *PLAN, "--time-budget", "-1"], None, "--time-budget"),
     "validate-max-iters-below-iters": (["validate", *PLAN, "--max-iters", "5"], None, "--max-iters"),
     # search / study

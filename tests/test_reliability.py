@@ -182,7 +182,8 @@ def test_hung_rank_in_validate_training_names_the_step(tmp_path):
     code, _, err, _ = finish(proc, limit=400)
     assert code == watchdog.EXIT_TIMEOUT, err
     assert len(err) == 1, err
-    assert err[0].startswith("commbench: timeout: training step 2 of 2 (tiny-gpt "), err
+    assert err[0].startswith("commbench: timeout: training step 2 (1 warmup, then 1 timed or more to fill 1 s) "
+                             "(tiny-gpt "), err
     assert "rank 1 (still in an earlier step)" in err[0] and str(out) in err[0], err
     # what was measured before the training is kept
     assert results.load(str(out / "compute.jsonl")).measurements

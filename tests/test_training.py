@@ -50,7 +50,11 @@ def _worker(rank, world, port, plans, queue):
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         torch.set_num_threads(1)
         dist.init_process_group("gloo", rank=rank, world_size=world)
-        out = {name: train_steps(SPEC, _plan(world, kw), STEPS, warmup=WARMUP) for name, (kw, _) in plans.items()}
+        out = {}
+        for name, (kw, _) in plans.items():
+            kw = dict(kw)
+            min_time_s = kw.pop("min_time_s", 0.0)
+            out[name] = train_steps(SPEC, _plan(world, kw), STEPS, warmup=WARMUP, min_time_s=min_time_s)
         dist.destroy_process_group()
         queue.put((rank, out, None))
     except Exception:
@@ -115,6 +119,24 @@ def test_same_data_same_training(results, group):
         assert results[name][0].losses == pytest.approx(results[first][0].losses, rel=1e-4), name
 
 
+def test_min_time_adds_steps_until_the_timed_steps_fill_it():
+    """min_time_s times steps beyond those asked until the timed steps took
+    min_time_s (the slowest rank's total), the same count on every rank; 0
+    times exactly the steps asked."""
+    min_time = 0.4
+    ranks = run_ranks(2, {"paced": (dict(global_batch=8, min_time_s=min_time), []),
+                          "exact": (dict(global_batch=8), [])})
+    n = len(ranks[0]["paced"].step_s)
+    totals = [sum(r["paced"].rank_step_s) for r in ranks]
+    short = [sum(r["paced"].rank_step_s[:-1]) for r in ranks]
+    print(f"{n} steps, each rank's total {totals} s")
+    assert n > STEPS and max(totals) >= min_time > max(short)
+    for r in ranks:
+        assert len(r["paced"].step_s) == len(r["paced"].rank_step_s) == len(r["paced"].losses) == n
+        assert len(r["exact"].step_s) == STEPS
+    assert ranks[0]["paced"].step_s == ranks[1]["paced"].step_s
+
+
 def test_plans_validate_cannot_run():
     with pytest.raises(ValueError, match="selective.*not supported by validate"):
         check_plan(SPEC, Parallelism(world=2, recompute="selective"))
@@ -139,3 +161,5 @@ def test_plans_validate_cannot_run():
         train_steps(SPEC, Parallelism(world=1), 1)
     with pytest.raises(ValueError, match="steps must be a positive integer"):
         train_steps(SPEC, Parallelism(world=1), 0)
+    with pytest.raises(ValueError, match="min_time_s must be >= 0 seconds"):
+        train_steps(SPEC, Parallelism(world=1), 1, min_time_s=float("nan"))
