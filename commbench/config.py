@@ -31,6 +31,9 @@ class RunConfig:
     timing: TimingSettings = field(default_factory=TimingSettings)
     timeout_s: float | None = None     # None: each collective's deadline scales with its size (watchdog.py)
     keep_rank_samples: bool = False
+    # the timing of a --plan's ZeRO-1 parameter-broadcast burst (the step's
+    # whole optimizer-side exchange as one case), where it differs from timing
+    burst_timing: TimingSettings | None = None
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -42,6 +45,8 @@ class RunConfig:
         if self.in_place not in IN_PLACE_MODES:
             raise ValueError(f"--in-place {self.in_place!r}: choose no, yes or both")
         self.timing.check()
+        if self.burst_timing is not None:
+            self.burst_timing.check()
         if self.check_iters < 0:
             raise ValueError(f"-c/--check must be >= 0, got {self.check_iters}")
         if self.root < 0:
@@ -72,4 +77,12 @@ class RunConfig:
                 "dist_backend": self.dist_backend, "device": self.device, "layouts": self.layout_list,
                 "in_place": self.in_place, "check_iters": self.check_iters, "root": self.root, "warmup": t.warmup,
                 "iters": t.iters, "max_iters": t.max_iters, "time_budget_s": t.time_budget_s,
-                "target_ci": t.target_ci, "ci_of": t.ci_of, "timeout_s": self.timeout_s}
+                "target_ci": t.target_ci, "ci_of": t.ci_of, "timeout_s": self.timeout_s,
+                **({} if self.burst_timing is None else
+                   {"burst_time_budget_s": self.burst_timing.time_budget_s,
+                    "burst_min_time_s": self.burst_timing.min_time_s})}
+
+    def timing_of(self, collective: str) -> TimingSettings:
+        """The timing of one collective's cases: burst_timing for the
+        broadcast burst where set, else timing."""
+        return self.burst_timing if collective == "broadcast_burst" and self.burst_timing else self.timing

@@ -159,7 +159,8 @@ def measure_case(backend, config, layout, g, hosts, coll, dtype, redop, in_place
         backend.synchronize()
         wrong += num_wrong(backend, prepared, dtype, n, redop)
     per_rank_wrong = backend.control_reduce(one_hot(backend, wrong), "sum")
-    timed = timing.measure(backend, prepared.op, config.timing, on_phase=arm)
+    settings = config.timing_of(coll.name)
+    timed = timing.measure(backend, prepared.op, settings, on_phase=arm)
     arm(1)
     own_p50 = float(np.median(timed.own_samples_s))
     rank_p50 = backend.control_reduce(one_hot(backend, own_p50), "sum").tolist()
@@ -168,13 +169,13 @@ def measure_case(backend, config, layout, g, hosts, coll, dtype, redop, in_place
     algbw = coll.algbw_gbps(nbytes, summary["time_p50_s"])
     slowest = int(np.argmax(rank_p50))
     return Measurement(
-        case=case, samples_s=timed.samples_s, warmup=config.timing.warmup,
-        target_ci=config.timing.target_ci, stats=summary, algbw_gbps=algbw,
+        case=case, samples_s=timed.samples_s, warmup=settings.warmup,
+        target_ci=settings.target_ci, stats=summary, algbw_gbps=algbw,
         busbw_gbps=None if algbw is None else algbw * coll.busbw_factor(n),
         num_wrong=int(per_rank_wrong.sum()), wrong_ranks=[int(r) for r in np.nonzero(per_rank_wrong)[0]],
         rank_time_p50_s=rank_p50, rank_samples_s=rank_samples, slowest_rank=slowest,
         slowest_host=hosts[slowest], warnings=stats.warnings_for(summary, len(timed.samples_s),
-                                                                   config.timing.target_ci, config.timing.ci_of))
+                                                                   settings.target_ci, settings.ci_of))
 
 
 def check_memory(config, hosts, ranks_on_host):

@@ -142,6 +142,24 @@ def test_validate_in_rounds(tmp_path):
     assert float(row[2]) == float(row[4]) == pytest.approx(doc["predicted_step_time_s"] * 1e3, abs=0.006)
 
 
+def test_validate_zero1_times_its_broadcast_burst_as_a_step_op(tmp_path):
+    """ZeRO-1's parameter-broadcast burst, the optimizer side's whole exchange,
+    is timed with the step ops' budget (4 x) and minimum time (the budget);
+    the other collectives with the collectives' (no minimum)."""
+    out = tmp_path / "v"
+    p = commbench("validate", "--model", "tiny-gpt", "--zero", "1", "--nprocs", "2", "--global-batch", "4",
+                  "--seq", "32", "--steps", "2", "--warmup-steps", "1", "--time-budget", "0.1", "--train-time", "0",
+                  "--device", "cpu", "--out-dir", out, "--json", cwd=tmp_path, timeout=300)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    comm = results.load(doc["results"]["comm"][0])
+    s = comm.header["settings"]
+    assert (s["time_budget_s"], s["burst_time_budget_s"], s["burst_min_time_s"]) == (0.1, 0.4, 0.1)
+    (burst,) = [m for m in comm.measurements if m.case.op == "broadcast_burst"]
+    assert burst.status == "ok" and burst.num_wrong == 0
+    assert sum(burst.samples_s) >= 0.07, burst.samples_s      # timed for at least 0.1 s
+
+
 def test_validate_refuses_what_it_cannot_run(tmp_path):
     p = commbench("validate", "--model", "tiny-gpt", "--nprocs", "2", "--recompute", "selective",
                   "--out-dir", tmp_path / "v", cwd=tmp_path)
@@ -184,7 +202,7 @@ def test_each_round_trains_on_both_sides_of_its_measurements(monkeypatch, tmp_pa
     calls = []
 
     def train(backend, info, workload, model, par, steps, *rest):
-        calls.append(("train", steps))
+        calls.append(("train", steps, rest[-1]))         # rest[-1]: the half's --train-time
         k = sum(c[0] == "train" for c in calls)
         return training.StepTimes(step_s=[float(k)] * steps, rank_step_s=[k + 0.5] * steps, losses=[-k] * steps,
                                   implementation="fake")
@@ -196,17 +214,23 @@ def test_each_round_trains_on_both_sides_of_its_measurements(monkeypatch, tmp_pa
         return results.ResultFile(header=results.make_header(settings={}), measurements=[], path=path)
     monkeypatch.setattr(validate, "train_guarded", train)
     monkeypatch.setattr(runner, "run", compute)
-    monkeypatch.setattr(sweep, "run", lambda *a, **k: calls.append(("comm",)) or ("comm-file", 0))
+    # the collectives' timing, and ZeRO-1's parameter-broadcast burst's: the step ops'
+    monkeypatch.setattr(sweep, "run", lambda config, *a, **k: calls.append(
+        ("comm", config.timing.time_budget_s, config.timing_of("broadcast_burst").time_budget_s,
+         config.timing_of("broadcast_burst").min_time_s, config.timing_of("all_reduce").min_time_s))
+        or ("comm-file", 0))
     monkeypatch.setattr(interference, "run", lambda *a, **k: calls.append(("interference",)) or "inter-file")
     par = Parallelism(world=2, gpus_per_node=2, global_batch=4)
     model = models.get("tiny-gpt")
     workload = plan_mod.build(model, par)
     info, backend = SimpleNamespace(rank=0), SimpleNamespace(control_bcast=lambda x: x)
     r = validate.run_round(backend, info, workload, model, par, "cpu", 5, 1, str(tmp_path / "a"), [], False, None,
-                           validate.timing_settings(), "megatron")
+                           validate.timing_settings(), "megatron", 0.7)
     steps = ("compute", "compute-steps-before.jsonl", {True}, {1.0})
-    assert calls == [("train", 2), steps, ("compute", "compute-kernels.jsonl", {False}, {0.5}), ("comm",),
-                     ("interference",), (*steps[:1], "compute-steps-after.jsonl", *steps[2:]), ("train", 3)]
+    assert calls == [("train", 2, 0.7), steps, ("compute", "compute-kernels.jsonl", {False}, {0.5}),
+                     ("comm", 0.5, 2.0, 0.5, 0.0), ("interference",),
+                     (*steps[:1], "compute-steps-after.jsonl", *steps[2:]), ("train", 3, 0.7)]
+    assert r.steps_before == 2
     assert r.compute.header["settings"]["step_op_windows"] == 2 and r.compute.path == str(tmp_path / "a" / "compute.jsonl")
     assert results.load(r.compute.path).header["settings"]["step_op_windows"] == 2
     assert (r.comm, r.interference) == ("comm-file", "inter-file")
@@ -216,4 +240,5 @@ def test_each_round_trains_on_both_sides_of_its_measurements(monkeypatch, tmp_pa
     calls.clear()
     r = validate.run_round(backend, info, workload, model, par, "cpu", 1, 1, str(tmp_path / "b"), [], False, None,
                            validate.timing_settings(), "megatron")
-    assert calls[0][0] == "compute" and calls[-1] == ("train", 1) and r.measured.step_s == [1.0]
+    assert calls[0][0] == "compute" and calls[-1] == ("train", 1, 0.0) and r.measured.step_s == [1.0]
+    assert r.steps_before == 0
