@@ -5,7 +5,8 @@ torch implementation of the plan (training.py), predict the step from the two
 measurements, and report predicted against measured.
 
 Each round trains half its steps before measuring and the rest after, so the
-steps sample the machine on both sides of the measurements. With --rounds R
+steps sample the machine on both sides of the measurements, each half for at
+least --train-time seconds (more steps where they are short). With --rounds R
 the job does that R times: the prediction is the median of the rounds'
 predictions, each from its own round's measurements, the measured step the
 median of every round's steps, so a machine whose speed drifts during the job
