@@ -25,8 +25,9 @@ interleaved pipeline under DDP, a pipeline under ZeRO-1).
 --repeat N runs every validation N times and gives each row the median of its
 runs' errors as well (this VM's run-to-run spread is as large as the errors).
 
-Runs one validation at a time (they would time each other otherwise); about a
-few minutes each on a 2-core machine (the matrix: about 50 min)."""
+Runs one validation at a time (they would time each other otherwise); a few
+minutes each on a 2-core machine (the matrix: 48-50 min on loopback, 77 min
+emulated at 200mbit)."""
 import argparse
 import json
 import statistics
